@@ -1,0 +1,48 @@
+"""readyq: a vendorable SQLAlchemy 2.x ready-set job scheduler.
+
+Jobs and their dependencies live in two tables; workers lease ready jobs atomically
+(``SKIP LOCKED`` on PostgreSQL and MySQL/MariaDB, ``BEGIN IMMEDIATE`` on SQLite) under a
+lease token that fences stale workers. This module is the whole public API.
+"""
+
+from .clock import Clock, SystemClock
+from .errors import (
+    CycleError,
+    InvalidJob,
+    LeaseLost,
+    ReadyqError,
+    SchemaNotInstalled,
+    UnknownJob,
+    UnsupportedDatabase,
+)
+from .graph import DEFAULT_MAX_ATTEMPTS, Graph, JobHandle
+from .job import TERMINAL, TRANSITIONS, JobInfo, JobState, Lease, Outcome, Transition
+from .queue import Queue
+from .retry import Backoff
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "TERMINAL",
+    "TRANSITIONS",
+    "Backoff",
+    "Clock",
+    "CycleError",
+    "Graph",
+    "InvalidJob",
+    "JobHandle",
+    "JobInfo",
+    "JobState",
+    "Lease",
+    "LeaseLost",
+    "Outcome",
+    "Queue",
+    "ReadyqError",
+    "SchemaNotInstalled",
+    "SystemClock",
+    "Transition",
+    "UnknownJob",
+    "UnsupportedDatabase",
+    "__version__",
+]

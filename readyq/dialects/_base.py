@@ -1,0 +1,120 @@
+"""The adapter interface: everything that differs between databases, and nothing else.
+
+Internal seam, public for dialect authors: third parties may subclass :class:`Adapter`
+and register it (``readyq.dialects.register``); the conformance suite proves an adapter
+keeps readyq's guarantees. The interface may still change in a 0.x release.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from ..errors import UnsupportedDatabase
+
+__all__ = ["Adapter"]
+
+
+class Adapter:
+    """Per-database behaviour behind identical method names.
+
+    Capability flags are decided once, from the server version, when the adapter is
+    created; business logic reads flags, never database names.
+    """
+
+    #: Registry name (``postgresql``, ``mysql``, ``mariadb``, ``sqlite``).
+    name: ClassVar[str] = "base"
+    #: Human name and minimum server version, for the refusal message.
+    product: ClassVar[str] = "database"
+    minimum_version: ClassVar[tuple[int, ...]] = ()
+    isolation_level: ClassVar[str | None] = None
+
+    #: ``FOR UPDATE SKIP LOCKED``: concurrent claimers take disjoint rows without waiting.
+    skip_locked: ClassVar[bool] = False
+    #: A lock that does not conflict with foreign-key share locks (PostgreSQL).
+    key_share_lock: ClassVar[bool] = False
+    #: ``UPDATE ... RETURNING``.
+    update_returning: ClassVar[bool] = False
+    #: Only one write transaction at a time (SQLite).
+    serialized_writers: ClassVar[bool] = False
+    #: ``LISTEN/NOTIFY`` wake-ups.
+    listen_notify: ClassVar[bool] = False
+
+    def __init__(self, server_version: tuple[int, ...]) -> None:
+        self.server_version = server_version
+        if server_version < self.minimum_version:
+            raise UnsupportedDatabase(
+                f"{self.product} {_dotted(server_version)} is too old for readyq: "
+                f"it needs {self.product} >= {_dotted(self.minimum_version)} "
+                f"({self.version_reason()}). Upgrade the server."
+            )
+
+    def version_reason(self) -> str:
+        """Why the minimum version is what it is."""
+        return "required features"
+
+    # -- engine and transactions ------------------------------------------------------
+
+    @classmethod
+    def engine_options(cls, url: sa.URL) -> dict[str, Any]:
+        """Keyword arguments for ``create_engine`` when readyq creates the engine."""
+        return {}
+
+    def prepare_engine(self, engine: Engine) -> Engine:
+        """The engine readyq uses (a user's engine is never reconfigured in place)."""
+        if self.isolation_level is None:
+            return engine
+        return engine.execution_options(isolation_level=self.isolation_level)
+
+    def begin_write(self, conn: Connection) -> None:
+        """First statement(s) of every write transaction; default: nothing."""
+
+    def after_install(self, engine: Engine) -> None:
+        """Database settings that persist with the schema; default: nothing."""
+
+    # -- lock clauses -----------------------------------------------------------------
+
+    def lock_claimable(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        """Rows a claim takes: locked for update, rows locked by others skipped."""
+        raise NotImplementedError
+
+    def lock_skip(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        """Rows the sweeper takes: never wait behind a heartbeat's open transaction."""
+        raise NotImplementedError
+
+    def lock_update(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        """Rows about to be changed, whose current state decides the change."""
+        raise NotImplementedError
+
+    def lock_share(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        """Rows whose state must not change until commit (dependencies of a new job)."""
+        raise NotImplementedError
+
+    # -- errors -----------------------------------------------------------------------
+
+    def is_retryable(self, exc: DBAPIError) -> bool:
+        """A deadlock, serialization failure or busy database: rerun the transaction."""
+        return False
+
+    def is_missing_table(self, exc: DBAPIError) -> bool:
+        """The statement failed because readyq's tables do not exist."""
+        return False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.product} {_dotted(self.server_version)}>"
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(str(v) for v in version) or "?"
+
+
+def driver_code(exc: DBAPIError) -> object:
+    """The driver's error code: SQLSTATE (psycopg), errno (PyMySQL), or None."""
+    orig: Any = exc.orig
+    code = getattr(orig, "sqlstate", None)
+    if code is None and getattr(orig, "args", None):
+        code = orig.args[0]
+    return code

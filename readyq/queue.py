@@ -1,0 +1,323 @@
+"""The Queue: readyq's storage API over one SQLAlchemy engine."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from . import _store, dialects
+from .clock import Clock, SystemClock, from_us
+from .errors import InvalidJob, SchemaNotInstalled, UnknownJob
+from .graph import DEFAULT_MAX_ATTEMPTS, Graph, Ref
+from .job import JobInfo, JobState, Lease, Outcome, decode_payload, encode_payload
+from .retry import Backoff
+from .schema import deps, jobs, metadata
+
+__all__ = ["Queue"]
+
+R = TypeVar("R")
+c = jobs.c
+#: Transactions rerun after a deadlock, serialization failure or busy database.
+_RETRIES = 8
+
+
+def _ttl_us(ttl: float, what: str = "ttl") -> int:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 1e7:
+        raise InvalidJob(f"{what} must be a positive number of seconds, not {ttl!r}")
+    return round(ttl * 1e6)
+
+
+class Queue:
+    """Jobs and their DAG in one database; every operation is one transaction.
+
+    ``url_or_engine`` is a SQLAlchemy URL (readyq creates the engine) or an Engine. Time
+    comes from ``clock`` (default: the system's UTC clock).
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | sa.URL | Engine,
+        clock: Clock | None = None,
+        *,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if isinstance(url_or_engine, Engine):
+            self._given, self._owned = url_or_engine, False
+        elif isinstance(url_or_engine, (str, sa.URL)):
+            self._given, self._owned = dialects.create_engine(url_or_engine), True
+        else:
+            raise InvalidJob("Queue() takes a database URL or a SQLAlchemy Engine")
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.backoff = backoff if backoff is not None else Backoff()
+        self._adapter: dialects.Adapter | None = None
+        self._engine: Engine | None = None
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @property
+    def adapter(self) -> dialects.Adapter:
+        """The database adapter (connects once to check the server version)."""
+        if self._adapter is None:
+            self._adapter = dialects.for_engine(self._given)
+            self._engine = self._adapter.prepare_engine(self._given)
+        return self._adapter
+
+    @property
+    def engine(self) -> Engine:
+        """The engine readyq's transactions run on."""
+        self.adapter  # noqa: B018 -- resolves the adapter and the prepared engine
+        assert self._engine is not None
+        return self._engine
+
+    def close(self) -> None:
+        """Dispose of the engine if readyq created it."""
+        if self._owned:
+            self._given.dispose()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<readyq.Queue {self._given.url.render_as_string(hide_password=True)}>"
+
+    def _write(self, fn: Callable[[Connection, dialects.Adapter, int], R]) -> R:
+        """Run ``fn(conn, adapter, now)`` in one write transaction, retried on conflicts."""
+        ad = self.adapter
+        for attempt in range(_RETRIES):
+            try:
+                with self.engine.connect() as conn, conn.begin():
+                    ad.begin_write(conn)
+                    return fn(conn, ad, self.clock.now_us())
+            except sa.exc.IntegrityError:
+                # Two enqueues with one idempotency key: the rerun finds the winner's row.
+                if attempt == _RETRIES - 1:
+                    raise
+            except sa.exc.DBAPIError as exc:
+                self._raise_if_missing(exc)
+                if not ad.is_retryable(exc) or attempt == _RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read(self, fn: Callable[[Connection, int], R]) -> R:
+        try:
+            with self.engine.connect() as conn:
+                return fn(conn, self.clock.now_us())
+        except sa.exc.DBAPIError as exc:
+            self._raise_if_missing(exc)
+            raise
+
+    def _raise_if_missing(self, exc: sa.exc.DBAPIError) -> None:
+        if self.adapter.is_missing_table(exc):
+            raise SchemaNotInstalled(
+                "readyq's tables do not exist in this database: run Queue.install() "
+                "or `readyq install --url ...` first"
+            ) from exc
+
+    # -- schema -----------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Create the tables and indexes if missing (idempotent, safe to call often)."""
+        try:
+            metadata.create_all(self.engine, checkfirst=True)
+        except sa.exc.DBAPIError:
+            # Another process created them between the check and our CREATE.
+            if not sa.inspect(self.engine).has_table(jobs.name):
+                raise
+        self.adapter.after_install(self.engine)
+
+    # -- enqueue ----------------------------------------------------------------------
+
+    def graph(self) -> Graph:
+        """Start an all-or-nothing DAG insert: ``with q.graph() as g: g.add(...)``."""
+        return Graph(self)
+
+    def enqueue(
+        self,
+        type: str,
+        args: dict[str, Any] | None = None,
+        *,
+        group: str = "default",
+        weight: float = 1,
+        priority: int = 0,
+        after: Iterable[Ref] = (),
+        parent: Ref | None = None,
+        run_after: _dt.datetime | _dt.timedelta | None = None,
+        key: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout: float | None = None,
+        container: bool = False,
+    ) -> int:
+        """Insert one job and return its id (the existing id if ``key`` is taken).
+
+        ``priority``: lower runs first. ``after``: jobs that must be done first.
+        ``parent``: a container (enqueued with ``container=True``) this job belongs to.
+        ``timeout``: seconds a run may take, heartbeats or not (hang timeout).
+        """
+        g = Graph(self)
+        g.add(type, args, group=group, weight=weight, priority=priority, after=after,
+              parent=parent, run_after=run_after, key=key, max_attempts=max_attempts,
+              timeout=timeout, container=container)
+        return g.commit()[0]
+
+    # -- reading ----------------------------------------------------------------------
+
+    def get(self, job_id: int) -> JobInfo:
+        """A snapshot of one job; UnknownJob if there is none."""
+
+        def read(conn: Connection, now: int) -> JobInfo:
+            row = conn.execute(sa.select(jobs).where(c.id == job_id)).first()
+            if row is None:
+                raise UnknownJob(f"job {job_id} does not exist", job_id)
+            on = conn.execute(
+                sa.select(deps.c.depends_on).where(deps.c.job_id == job_id)
+                .order_by(deps.c.depends_on)
+            ).scalars()
+            return _info(row, tuple(on))
+
+        return self._read(read)
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state (every state present, zeros included)."""
+
+        def read(conn: Connection, now: int) -> dict[str, int]:
+            rows = conn.execute(sa.select(c.state, sa.func.count()).group_by(c.state))
+            out = dict.fromkeys((s.value for s in JobState), 0)
+            out.update(dict(rows.tuples()))
+            return out
+
+        return self._read(read)
+
+    # -- operator actions -------------------------------------------------------------
+
+    def cancel(self, job_id: int) -> bool:
+        """Cancel a job, its dependents and (for a container) its contents.
+
+        A running job's lease is retired: its worker's next write gets LeaseLost.
+        Returns False if the job had already finished.
+        """
+        return self._write(lambda conn, ad, now: _store.cancel(conn, ad, job_id, now=now))
+
+    def retry(self, job_id: int) -> bool:
+        """Run a failed or cancelled job again, with everything its failure cancelled.
+
+        Attempts start over. Returns False if the job is not failed or cancelled.
+        """
+        return self._write(lambda conn, ad, now: _store.retry(conn, ad, job_id, now=now))
+
+    # -- leases -----------------------------------------------------------------------
+
+    def claim(
+        self,
+        worker_id: str,
+        *,
+        ttl: float = 30.0,
+        limit: int = 1,
+        groups: Sequence[str] | None = None,
+    ) -> list[Lease]:
+        """Lease up to ``limit`` ready jobs atomically; concurrent claimers never collide.
+
+        ``groups``: a ranked list of group names (repeats ask for several jobs of that
+        group); jobs come in that order, groups without ready jobs fall through, and
+        leftover slots go to groups that had more. Without it: priority, then age.
+        """
+        if not isinstance(worker_id, str) or not worker_id:
+            raise InvalidJob("worker_id must be a non-empty string")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidJob(f"limit must be a positive int, not {limit!r}")
+        if groups is not None:
+            if isinstance(groups, str) or not all(isinstance(g, str) for g in groups):
+                raise InvalidJob("groups must be a list of group names")
+            groups = list(groups)
+            if not groups:
+                return []
+        ttl_us = _ttl_us(ttl)
+        return self._write(
+            lambda conn, ad, now: _store.claim(conn, ad, worker_id=worker_id, now=now,
+                                               ttl_us=ttl_us, limit=limit, groups=groups)
+        )
+
+    def heartbeat(self, lease: Lease, *, ttl: float = 30.0) -> int:
+        """Extend a lease by ``ttl`` from now; LeaseLost if it is no longer held.
+
+        Returns the new expiry (epoch microseconds).
+        """
+        ttl_us = _ttl_us(ttl)
+        return self._write(
+            lambda conn, ad, now: _store.heartbeat(conn, _lease(lease), now=now, ttl_us=ttl_us)
+        )
+
+    def finalize(self, lease: Lease, result: dict[str, Any] | None = None) -> Outcome:
+        """Record the result and mark the job done, in one transaction with its effects.
+
+        LeaseLost if the lease is stale. Retried with the same lease after an unknown
+        outcome (e.g. a dropped connection), it returns the recorded outcome.
+        """
+        text = encode_payload({} if result is None else result, "result")
+        return self._write(
+            lambda conn, ad, now: _store.finalize(conn, ad, _lease(lease), text, now=now)
+        )
+
+    def fail(self, lease: Lease, error: str | BaseException, *, retry: bool = True) -> Outcome:
+        """Record a failed attempt: retried after a backoff while attempts remain, else failed."""
+        lease = _lease(lease)
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        again = retry and lease.attempt < lease.max_attempts
+        delay_us = round(self.backoff.delay(lease.attempt, lease.job_id) * 1e6)
+        return self._write(
+            lambda conn, ad, now: _store.fail(conn, ad, lease, text, now=now,
+                                              retry_at=now + delay_us if again else None)
+        )
+
+    def release(self, lease: Lease) -> Outcome:
+        """Hand a job back unfinished (graceful shutdown); the attempt does not count."""
+        return self._write(lambda conn, ad, now: _store.release(conn, _lease(lease), now=now))
+
+    def reclaim(self, *, batch: int = 500) -> int:
+        """Expired leases back to ready, hung jobs timed out; returns how many."""
+        return self.sweep(batch=batch).total
+
+    def sweep(self, *, batch: int = 500) -> _store.ReclaimCounts:
+        """Like :meth:`reclaim`, with the counts by kind."""
+        total = _store.ReclaimCounts()
+        while True:
+            got = self._write(
+                lambda conn, ad, now: _store.reclaim(conn, ad, now=now, batch=batch)
+            )
+            total = _store.ReclaimCounts(total.expired + got.expired,
+                                         total.timed_out + got.timed_out,
+                                         total.failed + got.failed)
+            if got.total < batch:
+                return total
+
+
+def _lease(value: object) -> Lease:
+    if not isinstance(value, Lease):
+        raise InvalidJob(f"expected a readyq.Lease from claim(), not {type(value).__name__}")
+    return value
+
+
+def _info(row: Any, depends_on: tuple[int, ...]) -> JobInfo:
+    run_after = from_us(row.run_after_us)
+    created = from_us(row.created_us)
+    assert run_after is not None
+    assert created is not None
+    return JobInfo(
+        id=row.id, type=row.type, args=decode_payload(row.args) or {},
+        result=decode_payload(row.result), state=JobState(row.state), group=row.group_key,
+        weight=row.weight, priority=row.priority, attempts=row.attempts,
+        max_attempts=row.max_attempts, error=row.error, parent=row.parent_id, key=row.key,
+        timeout=None if row.timeout_us is None else row.timeout_us / 1e6,
+        container=bool(row.container), pending_deps=row.pending_deps,
+        lease_owner=row.lease_owner, lease_token=row.lease_token,
+        lease_expires_at=from_us(row.lease_expires_us), run_after=run_after,
+        created_at=created, started_at=from_us(row.started_us),
+        finished_at=from_us(row.finished_us), depends_on=depends_on,
+    )
+
