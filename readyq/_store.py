@@ -111,8 +111,16 @@ def claim(
         "attempts": c.attempts + 1,
         "deadline_us": deadline,
     }
-    cols = (c.id, c.lease_token, c.type, c.args, c.group_key, c.attempts, c.max_attempts,
-            c.deadline_us)
+    cols = (
+        c.id,
+        c.lease_token,
+        c.type,
+        c.args,
+        c.group_key,
+        c.attempts,
+        c.max_attempts,
+        c.deadline_us,
+    )
     upd = sa.update(jobs).where(c.id.in_(picked), _guard("claim")).values(values)
     if ad.update_returning:
         rows = list(conn.execute(upd.returning(*cols)).all())
@@ -188,8 +196,14 @@ def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: i
     r = conn.execute(
         sa.update(jobs)
         .where(_fenced(lease))
-        .values(state=T["finalize"].target, result=result, settled_token=lease.token,
-                finished_us=now, error=None, **_LEASE_CLEARED)
+        .values(
+            state=T["finalize"].target,
+            result=result,
+            settled_token=lease.token,
+            finished_us=now,
+            error=None,
+            **_LEASE_CLEARED,
+        )
     )
     if r.rowcount != 1:
         replay = _replay(conn, lease, {S.DONE})
@@ -212,8 +226,12 @@ def fail(
 ) -> Outcome:
     """RUNNING -> READY at ``retry_at`` (a retry), or RUNNING -> FAILED when it is None."""
     name = "fail" if retry_at is None else "retry_later"
-    values: dict[str, Any] = {"state": T[name].target, "error": _cut(error),
-                              "settled_token": lease.token, **_LEASE_CLEARED}
+    values: dict[str, Any] = {
+        "state": T[name].target,
+        "error": _cut(error),
+        "settled_token": lease.token,
+        **_LEASE_CLEARED,
+    }
     if retry_at is None:
         values["finished_us"] = now
     else:
@@ -235,8 +253,9 @@ def release(conn: Connection, lease: Lease, *, now: int) -> Outcome:
     r = conn.execute(
         sa.update(jobs)
         .where(_fenced(lease))
-        .values(state=T["release"].target, attempts=c.attempts - 1, run_after_us=now,
-                **_LEASE_CLEARED)
+        .values(
+            state=T["release"].target, attempts=c.attempts - 1, run_after_us=now, **_LEASE_CLEARED
+        )
     )
     if r.rowcount != 1:
         raise _lost(conn, lease, "release")
@@ -248,15 +267,26 @@ def release(conn: Connection, lease: Lease, *, now: int) -> Outcome:
 
 def reclaim(conn: Connection, ad: Adapter, *, now: int, batch: int) -> ReclaimCounts:
     """Expired leases and passed hang deadlines: back to READY, or FAILED at the cap."""
-    cols = (c.id, c.lease_token, c.attempts, c.max_attempts, c.parent_id, c.lease_owner,
-            c.timeout_us)
+    cols = (
+        c.id,
+        c.lease_token,
+        c.attempts,
+        c.max_attempts,
+        c.parent_id,
+        c.lease_owner,
+        c.timeout_us,
+    )
     hung = ad.lock_skip(
-        sa.select(*cols).where(c.state == S.RUNNING, c.deadline_us < now)
-        .order_by(c.id).limit(batch)
+        sa.select(*cols)
+        .where(c.state == S.RUNNING, c.deadline_us < now)
+        .order_by(c.id)
+        .limit(batch)
     )
     expired = ad.lock_skip(
-        sa.select(*cols).where(c.state == S.RUNNING, c.lease_expires_us < now)
-        .order_by(c.id).limit(batch)
+        sa.select(*cols)
+        .where(c.state == S.RUNNING, c.lease_expires_us < now)
+        .order_by(c.id)
+        .limit(batch)
     )
     counts = {"expired": 0, "timed_out": 0, "failed": 0}
     seen: set[int] = set()
@@ -273,8 +303,7 @@ def reclaim(conn: Connection, ad: Adapter, *, now: int, batch: int) -> ReclaimCo
             name = "reclaim_exhausted" if exhausted else "reclaim"
             if exhausted:
                 why += f"; attempts exhausted ({row.attempts} of {row.max_attempts})"
-            values: dict[str, Any] = {"state": T[name].target, "error": _cut(why),
-                                      **_LEASE_CLEARED}
+            values: dict[str, Any] = {"state": T[name].target, "error": _cut(why), **_LEASE_CLEARED}
             if exhausted:
                 values["finished_us"] = now
             else:
@@ -315,9 +344,7 @@ def after_terminal(
         dependents = sorted(conn.execute(waiting).scalars())
         if dependents and state == S.DONE:
             conn.execute(
-                sa.update(jobs)
-                .where(c.id.in_(dependents))
-                .values(pending_deps=c.pending_deps - 1)
+                sa.update(jobs).where(c.id.in_(dependents)).values(pending_deps=c.pending_deps - 1)
             )
             conn.execute(
                 sa.update(jobs)
@@ -341,14 +368,13 @@ def _rollup(
     )
     if r.rowcount != 1:
         return []  # the container itself was cancelled meanwhile
-    row = conn.execute(
-        sa.select(c.open_children, c.parent_id).where(c.id == container)
-    ).one()
+    row = conn.execute(sa.select(c.open_children, c.parent_id).where(c.id == container)).one()
     if row.open_children > 0:
         return []
     bad = conn.execute(
-        sa.select(sa.func.count(), sa.func.min(c.id))
-        .where(c.parent_id == container, c.state != S.DONE)
+        sa.select(sa.func.count(), sa.func.min(c.id)).where(
+            c.parent_id == container, c.state != S.DONE
+        )
     ).one()
     name = "rollup_failed" if bad[0] else "rollup_done"
     values: dict[str, Any] = {"state": T[name].target, "finished_us": now}
@@ -369,7 +395,8 @@ def cancel_rows(
         rows = conn.execute(
             ad.lock_update(
                 sa.select(c.id, c.parent_id, c.container)
-                .where(c.id.in_(todo), _guard("cancel")).order_by(c.id)
+                .where(c.id.in_(todo), _guard("cancel"))
+                .order_by(c.id)
             )
         ).all()
         if not rows:
@@ -378,17 +405,20 @@ def cancel_rows(
         conn.execute(
             sa.update(jobs)
             .where(c.id.in_(hit), _guard("cancel"))
-            .values(state=T["cancel"].target, error=_cut(reason), cancelled_by=cause,
-                    finished_us=now, **_LEASE_CLEARED)
+            .values(
+                state=T["cancel"].target,
+                error=_cut(reason),
+                cancelled_by=cause,
+                finished_us=now,
+                **_LEASE_CLEARED,
+            )
         )
         # Children of a cancelled container go with it; their roll-up into it is moot.
         out += [(r.id, S.CANCELLED, r.parent_id) for r in rows]
         boxes = [r.id for r in rows if r.container]
         todo = []
         if boxes:
-            todo = sorted(
-                conn.execute(sa.select(c.id).where(c.parent_id.in_(boxes))).scalars()
-            )
+            todo = sorted(conn.execute(sa.select(c.id).where(c.parent_id.in_(boxes))).scalars())
             reason = "cancelled with its container"
             cause = c.parent_id  # retrying the container revives them
     return out
@@ -424,8 +454,7 @@ def retry(conn: Connection, ad: Adapter, job_id: int, *, now: int) -> bool:
             continue
         r = conn.execute(
             ad.lock_update(
-                sa.select(c.id, c.state, c.parent_id, c.container, c.pending_deps)
-                .where(c.id == x)
+                sa.select(c.id, c.state, c.parent_id, c.container, c.pending_deps).where(c.id == x)
             )
         ).one()
         if r.state not in T["retry"].sources:
@@ -468,8 +497,16 @@ def retry(conn: Connection, ad: Adapter, job_id: int, *, now: int) -> bool:
         conn.execute(
             sa.update(jobs)
             .where(c.id == x, _guard(name))
-            .values(state=T[name].target, attempts=0, error=None, cancelled_by=None,
-                    result=None, finished_us=None, run_after_us=now, **_LEASE_CLEARED)
+            .values(
+                state=T[name].target,
+                attempts=0,
+                error=None,
+                cancelled_by=None,
+                result=None,
+                finished_us=None,
+                run_after_us=now,
+                **_LEASE_CLEARED,
+            )
         )
         if r.container:
             back = sum(1 for y in revive.values() if y.parent_id == x)
@@ -480,8 +517,9 @@ def retry(conn: Connection, ad: Adapter, job_id: int, *, now: int) -> bool:
         conn.execute(
             sa.update(jobs)
             .where(c.id == box)
-            .values(state=S.WAITING, open_children=c.open_children + n, error=None,
-                    finished_us=None)
+            .values(
+                state=S.WAITING, open_children=c.open_children + n, error=None, finished_us=None
+            )
         )
     # A revived job may still wait on another failed or cancelled job: cancel it again,
     # so that nothing is left blocked forever.
@@ -493,8 +531,12 @@ def retry(conn: Connection, ad: Adapter, job_id: int, *, now: int) -> bool:
     ).all()
     for dependent, blocker in stuck:
         again = cancel_rows(
-            conn, ad, [dependent], reason=f"cancelled: dependency {blocker} is not done",
-            by=blocker, now=now,
+            conn,
+            ad,
+            [dependent],
+            reason=f"cancelled: dependency {blocker} is not done",
+            by=blocker,
+            now=now,
         )
         after_terminal(conn, ad, again, now=now)
     return True

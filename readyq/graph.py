@@ -221,10 +221,9 @@ class Graph:
             mark[i] = 1
             for j in sorted(waits[i]):
                 if mark[j] == 1:
-                    loop = [*path[path.index(j):], j] if j in path else [i, j]
+                    loop = [*path[path.index(j) :], j] if j in path else [i, j]
                     names = tuple(f"#{k} {self._specs[k].type}" for k in loop)
-                    raise CycleError("these jobs wait for each other: " + " -> ".join(names),
-                                     names)
+                    raise CycleError("these jobs wait for each other: " + " -> ".join(names), names)
                 if mark[j] == 0:
                     visit(j, [*path, j])
             mark[i] = 2
@@ -269,7 +268,9 @@ def _insert(conn: Connection, ad: Adapter, order: Sequence[_Spec], now: int) -> 
     keys = sorted({s.key for s in order if s.key is not None})
     existing: dict[str, int] = {}
     if keys:
-        existing = dict(conn.execute(sa.select(c.key, c.id).where(c.key.in_(keys))).tuples())
+        existing = {
+            r.key: r.id for r in conn.execute(sa.select(c.key, c.id).where(c.key.in_(keys)))
+        }
     # A spec whose key exists is that existing job: references to it become its id.
     known: dict[int, int] = {
         s.handle.index: existing[s.key] for s in order if s.key is not None and s.key in existing
@@ -315,12 +316,15 @@ def _insert(conn: Connection, ad: Adapter, order: Sequence[_Spec], now: int) -> 
         i = s.handle.index
         after = [ref(r) for r in s.after]
         pending = sum(
-            1 for d in after
+            1
+            for d in after
             if (dep_state[d] != JobState.DONE if isinstance(d, int) else d.index not in done_now)
         )
         open_children = sum(
-            1 for ch in new
-            if isinstance(ch.parent, JobHandle) and ch.parent.index == i
+            1
+            for ch in new
+            if isinstance(ch.parent, JobHandle)
+            and ch.parent.index == i
             and ch.handle.index not in done_now
         )
         if s.container:
@@ -337,20 +341,34 @@ def _insert(conn: Connection, ad: Adapter, order: Sequence[_Spec], now: int) -> 
             run_after = now
         inserted = conn.execute(
             sa.insert(jobs).values(
-                type=s.type, args=s.args, state=state, container=s.container,
-                parent_id=parent_id, group_key=s.group, weight=s.weight,
-                priority=s.priority, key=s.key, pending_deps=pending,
-                open_children=open_children, attempts=0, max_attempts=s.max_attempts,
-                timeout_us=s.timeout_us, lease_token=0, run_after_us=run_after,
-                created_us=now, finished_us=now if state == JobState.DONE else None,
+                type=s.type,
+                args=s.args,
+                state=state,
+                container=s.container,
+                parent_id=parent_id,
+                group_key=s.group,
+                weight=s.weight,
+                priority=s.priority,
+                key=s.key,
+                pending_deps=pending,
+                open_children=open_children,
+                attempts=0,
+                max_attempts=s.max_attempts,
+                timeout_us=s.timeout_us,
+                lease_token=0,
+                run_after_us=run_after,
+                created_us=now,
+                finished_us=now if state == JobState.DONE else None,
             )
         ).inserted_primary_key
         assert inserted is not None
         job_id = int(inserted[0])
         ids[i] = job_id
         if after:
-            rows = [{"job_id": job_id, "depends_on": d if isinstance(d, int) else ids[d.index]}
-                    for d in after]
+            rows = [
+                {"job_id": job_id, "depends_on": d if isinstance(d, int) else ids[d.index]}
+                for d in after
+            ]
             conn.execute(sa.insert(deps), rows)
         if isinstance(parent, int) and state != JobState.DONE:
             bumps[parent] = bumps.get(parent, 0) + 1
@@ -386,8 +404,7 @@ def _lock_parents(conn: Connection, ad: Adapter, ids: list[int]) -> dict[int, se
         return {}
     rows = conn.execute(
         ad.lock_update(
-            sa.select(c.id, c.state, c.container, c.parent_id)
-            .where(c.id.in_(ids)).order_by(c.id)
+            sa.select(c.id, c.state, c.container, c.parent_id).where(c.id.in_(ids)).order_by(c.id)
         )
     ).all()
     found = {r.id: r for r in rows}

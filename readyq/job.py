@@ -167,7 +167,6 @@ class JobInfo:
     depends_on: tuple[int, ...] = ()
 
 
-
 def _check_json(value: object, where: str, depth: int = 0) -> None:
     if depth > _MAX_DEPTH:
         raise InvalidJob(f"{where} is nested deeper than {_MAX_DEPTH} levels")

@@ -161,9 +161,20 @@ class Queue:
         ``timeout``: seconds a run may take, heartbeats or not (hang timeout).
         """
         g = Graph(self)
-        g.add(type, args, group=group, weight=weight, priority=priority, after=after,
-              parent=parent, run_after=run_after, key=key, max_attempts=max_attempts,
-              timeout=timeout, container=container)
+        g.add(
+            type,
+            args,
+            group=group,
+            weight=weight,
+            priority=priority,
+            after=after,
+            parent=parent,
+            run_after=run_after,
+            key=key,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            container=container,
+        )
         return g.commit()[0]
 
     # -- reading ----------------------------------------------------------------------
@@ -176,7 +187,8 @@ class Queue:
             if row is None:
                 raise UnknownJob(f"job {job_id} does not exist", job_id)
             on = conn.execute(
-                sa.select(deps.c.depends_on).where(deps.c.job_id == job_id)
+                sa.select(deps.c.depends_on)
+                .where(deps.c.job_id == job_id)
                 .order_by(deps.c.depends_on)
             ).scalars()
             return _info(row, tuple(on))
@@ -189,7 +201,7 @@ class Queue:
         def read(conn: Connection, now: int) -> dict[str, int]:
             rows = conn.execute(sa.select(c.state, sa.func.count()).group_by(c.state))
             out = dict.fromkeys((s.value for s in JobState), 0)
-            out.update(dict(rows.tuples()))
+            out.update({r[0]: r[1] for r in rows})
             return out
 
         return self._read(read)
@@ -239,8 +251,9 @@ class Queue:
                 return []
         ttl_us = _ttl_us(ttl)
         return self._write(
-            lambda conn, ad, now: _store.claim(conn, ad, worker_id=worker_id, now=now,
-                                               ttl_us=ttl_us, limit=limit, groups=groups)
+            lambda conn, ad, now: _store.claim(
+                conn, ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
+            )
         )
 
     def heartbeat(self, lease: Lease, *, ttl: float = 30.0) -> int:
@@ -271,8 +284,9 @@ class Queue:
         again = retry and lease.attempt < lease.max_attempts
         delay_us = round(self.backoff.delay(lease.attempt, lease.job_id) * 1e6)
         return self._write(
-            lambda conn, ad, now: _store.fail(conn, ad, lease, text, now=now,
-                                              retry_at=now + delay_us if again else None)
+            lambda conn, ad, now: _store.fail(
+                conn, ad, lease, text, now=now, retry_at=now + delay_us if again else None
+            )
         )
 
     def release(self, lease: Lease) -> Outcome:
@@ -287,12 +301,12 @@ class Queue:
         """Like :meth:`reclaim`, with the counts by kind."""
         total = _store.ReclaimCounts()
         while True:
-            got = self._write(
-                lambda conn, ad, now: _store.reclaim(conn, ad, now=now, batch=batch)
+            got = self._write(lambda conn, ad, now: _store.reclaim(conn, ad, now=now, batch=batch))
+            total = _store.ReclaimCounts(
+                total.expired + got.expired,
+                total.timed_out + got.timed_out,
+                total.failed + got.failed,
             )
-            total = _store.ReclaimCounts(total.expired + got.expired,
-                                         total.timed_out + got.timed_out,
-                                         total.failed + got.failed)
             if got.total < batch:
                 return total
 
@@ -309,15 +323,28 @@ def _info(row: Any, depends_on: tuple[int, ...]) -> JobInfo:
     assert run_after is not None
     assert created is not None
     return JobInfo(
-        id=row.id, type=row.type, args=decode_payload(row.args) or {},
-        result=decode_payload(row.result), state=JobState(row.state), group=row.group_key,
-        weight=row.weight, priority=row.priority, attempts=row.attempts,
-        max_attempts=row.max_attempts, error=row.error, parent=row.parent_id, key=row.key,
+        id=row.id,
+        type=row.type,
+        args=decode_payload(row.args) or {},
+        result=decode_payload(row.result),
+        state=JobState(row.state),
+        group=row.group_key,
+        weight=row.weight,
+        priority=row.priority,
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        error=row.error,
+        parent=row.parent_id,
+        key=row.key,
         timeout=None if row.timeout_us is None else row.timeout_us / 1e6,
-        container=bool(row.container), pending_deps=row.pending_deps,
-        lease_owner=row.lease_owner, lease_token=row.lease_token,
-        lease_expires_at=from_us(row.lease_expires_us), run_after=run_after,
-        created_at=created, started_at=from_us(row.started_us),
-        finished_at=from_us(row.finished_us), depends_on=depends_on,
+        container=bool(row.container),
+        pending_deps=row.pending_deps,
+        lease_owner=row.lease_owner,
+        lease_token=row.lease_token,
+        lease_expires_at=from_us(row.lease_expires_us),
+        run_after=run_after,
+        created_at=created,
+        started_at=from_us(row.started_us),
+        finished_at=from_us(row.finished_us),
+        depends_on=depends_on,
     )
-

@@ -111,10 +111,13 @@ def _dotted(version: tuple[int, ...]) -> str:
     return ".".join(str(v) for v in version) or "?"
 
 
-def driver_code(exc: DBAPIError) -> object:
-    """The driver's error code: SQLSTATE (psycopg), errno (PyMySQL), or None."""
-    orig: Any = exc.orig
-    code = getattr(orig, "sqlstate", None)
-    if code is None and getattr(orig, "args", None):
-        code = orig.args[0]
-    return code
+def sqlstate(exc: DBAPIError) -> str | None:
+    """The SQLSTATE a driver reports (psycopg's ``sqlstate``), if any."""
+    code = getattr(exc.orig, "sqlstate", None)
+    return code if isinstance(code, str) else None
+
+
+def errno(exc: DBAPIError) -> int | None:
+    """The server's numeric error code (PyMySQL puts it first in ``args``), if any."""
+    args = getattr(exc.orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None

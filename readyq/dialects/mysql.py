@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from ._base import Adapter, driver_code
+from ._base import Adapter, errno
 
 __all__ = ["MariaDBAdapter", "MySQLAdapter"]
 
@@ -51,10 +51,10 @@ class MySQLAdapter(Adapter):
         return stmt.with_for_update(read=True)
 
     def is_retryable(self, exc: DBAPIError) -> bool:
-        return driver_code(exc) in {_DEADLOCK, _LOCK_WAIT_TIMEOUT}
+        return errno(exc) in {_DEADLOCK, _LOCK_WAIT_TIMEOUT}
 
     def is_missing_table(self, exc: DBAPIError) -> bool:
-        return driver_code(exc) == _NO_SUCH_TABLE
+        return errno(exc) == _NO_SUCH_TABLE
 
 
 class MariaDBAdapter(MySQLAdapter):

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from ._base import Adapter, driver_code
+from ._base import Adapter, sqlstate
 
 __all__ = ["PostgreSQLAdapter"]
 
@@ -47,7 +47,7 @@ class PostgreSQLAdapter(Adapter):
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         # 40P01 deadlock_detected, 40001 serialization_failure.
-        return driver_code(exc) in {"40P01", "40001"}
+        return sqlstate(exc) in {"40P01", "40001"}
 
     def is_missing_table(self, exc: DBAPIError) -> bool:
-        return driver_code(exc) == "42P01"  # undefined_table
+        return sqlstate(exc) == "42P01"  # undefined_table

@@ -1,0 +1,167 @@
+"""The ready set and the claim: what can be leased, in which order, with which lease."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+import readyq
+from readyq import InvalidJob, JobState
+
+pytestmark = pytest.mark.backend
+
+
+class TestReadySet:
+    def test_blocked_job_is_not_claimed(self, q: readyq.Queue) -> None:
+        """A job whose dependency is open stays out of claims."""
+        a = q.enqueue("a")
+        q.enqueue("b", after=[a])
+        assert [lease.job_id for lease in q.claim("w", limit=10)] == [a]
+
+    def test_container_is_never_claimed(self, q: readyq.Queue) -> None:
+        """Containers roll up; they are never dispatched."""
+        with q.graph() as g:
+            box = g.add("box", container=True)
+            child = g.add("child", parent=box)
+        assert [lease.job_id for lease in q.claim("w", limit=10)] == [child.id]
+
+    def test_job_before_run_after_is_not_claimed(self, q: readyq.Queue, clock) -> None:  # type: ignore[no-untyped-def]
+        """run_after in the future keeps a job out of claims until the clock reaches it."""
+        q.enqueue("later", run_after=dt.timedelta(seconds=10))
+        assert q.claim("w") == []
+        clock.advance(10)
+        assert [lease.type for lease in q.claim("w")] == ["later"]
+
+    def test_running_job_is_not_claimed_again(self, q: readyq.Queue) -> None:
+        """A leased job is not in the ready set."""
+        q.enqueue("a")
+        assert len(q.claim("w1")) == 1
+        assert q.claim("w2") == []
+
+    def test_finished_job_is_not_claimed(self, q: readyq.Queue) -> None:
+        """A done job never comes back."""
+        q.enqueue("a")
+        q.finalize(q.claim("w")[0])
+        assert q.claim("w") == []
+
+
+class TestClaimOrder:
+    def test_lower_priority_value_first(self, q: readyq.Queue) -> None:
+        """Priority: lower values run first."""
+        q.enqueue("low", priority=5)
+        q.enqueue("high", priority=-5)
+        assert [lease.type for lease in q.claim("w", limit=2)] == ["high", "low"]
+
+    def test_older_first_within_a_priority(self, q: readyq.Queue, clock) -> None:  # type: ignore[no-untyped-def]
+        """Same priority: earlier run_after first, then lower id."""
+        q.enqueue("second")
+        q.enqueue("first", run_after=dt.timedelta(seconds=-1))
+        q.enqueue("third")
+        assert [lease.type for lease in q.claim("w", limit=3)] == ["first", "second", "third"]
+
+    def test_limit_caps_the_claim(self, q: readyq.Queue) -> None:
+        """A claim returns at most ``limit`` leases."""
+        for _ in range(5):
+            q.enqueue("t")
+        assert len(q.claim("w", limit=3)) == 3
+
+    def test_ranked_groups_come_in_rank_order(self, q: readyq.Queue) -> None:
+        """With groups=[...], jobs come from the groups in the order given."""
+        for g in ("a", "b", "c"):
+            q.enqueue("t", group=g)
+        assert [lease.group for lease in q.claim("w", limit=3, groups=["c", "a", "b"])] == [
+            "c",
+            "a",
+            "b",
+        ]
+
+    def test_repeated_group_asks_for_several_jobs(self, q: readyq.Queue) -> None:
+        """A group named twice in the ranking gets two slots."""
+        for g in ("a", "a", "b"):
+            q.enqueue("t", group=g)
+        got = [lease.group for lease in q.claim("w", limit=2, groups=["a", "a", "b"])]
+        assert got == ["a", "a"]
+
+    def test_group_without_jobs_falls_through(self, q: readyq.Queue) -> None:
+        """An empty (or fully taken) group passes its slot down the ranking."""
+        q.enqueue("t", group="b")
+        assert [lease.group for lease in q.claim("w", groups=["a", "b"])] == ["b"]
+
+    def test_unused_slots_go_to_groups_with_more(self, q: readyq.Queue) -> None:
+        """Work-conserving: slots a group cannot use go to ranked groups that have more."""
+        for g in ("a", "a", "a"):
+            q.enqueue("t", group=g)
+        assert len(q.claim("w", limit=3, groups=["a", "b"])) == 3
+
+    def test_unranked_groups_are_not_claimed(self, q: readyq.Queue) -> None:
+        """groups= restricts the claim to the groups named."""
+        q.enqueue("t", group="other")
+        assert q.claim("w", groups=["a"]) == []
+
+
+class TestLease:
+    def test_claim_sets_lease_fields(self, q: readyq.Queue, clock) -> None:  # type: ignore[no-untyped-def]
+        """The lease carries the job, the new token, the attempt and expiry = now + ttl."""
+        job_id = q.enqueue("t", {"x": 1}, group="g")
+        lease = q.claim("worker-1", ttl=12.5)[0]
+        assert (
+            lease.job_id,
+            lease.type,
+            lease.args,
+            lease.group,
+            lease.token,
+            lease.attempt,
+            lease.worker_id,
+        ) == (job_id, "t", {"x": 1}, "g", 1, 1, "worker-1")
+        assert lease.expires_us == clock.now_us() + 12_500_000
+
+    def test_claim_records_the_lease_in_the_row(self, q: readyq.Queue) -> None:
+        """The row shows who holds the job, with which token, until when."""
+        job_id = q.enqueue("t")
+        lease = q.claim("worker-1")[0]
+        job = q.get(job_id)
+        assert (job.state, job.lease_owner, job.lease_token, job.attempts) == (
+            JobState.RUNNING,
+            "worker-1",
+            lease.token,
+            1,
+        )
+        assert job.lease_expires_at == lease.expires_at
+
+    def test_hang_deadline_is_set_from_timeout(self, q: readyq.Queue, clock) -> None:  # type: ignore[no-untyped-def]
+        """A job with a timeout gets deadline = claim time + timeout."""
+        q.enqueue("t", timeout=5)
+        assert q.claim("w")[0].deadline_us == clock.now_us() + 5_000_000
+
+    def test_idempotency_key_depends_on_job_and_token(self, q: readyq.Queue) -> None:
+        """Side effects can be keyed by (job id, token)."""
+        job_id = q.enqueue("t")
+        lease = q.claim("w")[0]
+        assert lease.idempotency_key == f"readyq:{job_id}:1"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"ttl": 0}, "ttl"),
+        ({"ttl": -1}, "ttl"),
+        ({"groups": "abc"}, "groups"),
+        ({"limit": True}, "limit"),
+    ],
+)
+def test_invalid_claim_argument_is_refused(
+    q: readyq.Queue, kwargs: dict[str, object], match: str
+) -> None:
+    """Bad claim arguments raise InvalidJob and lease nothing."""
+    q.enqueue("t")
+    with pytest.raises(InvalidJob, match=match):
+        q.claim("w", **kwargs)  # type: ignore[arg-type]
+    assert q.counts()["ready"] == 1
+
+
+def test_empty_worker_id_is_refused(q: readyq.Queue) -> None:
+    """A claim must say who holds the lease."""
+    with pytest.raises(InvalidJob, match="worker_id"):
+        q.claim("")
