@@ -340,6 +340,7 @@ def after_terminal(
     work = list(settled)
     while work:
         job_id, state, parent = work.pop()
+        conn.execute(ad.lock_terminal(sa.select(c.id).where(c.id == job_id)))
         waiting = sa.select(deps.c.job_id).where(deps.c.depends_on == job_id)
         dependents = sorted(conn.execute(waiting).scalars())
         if dependents and state == S.DONE:

@@ -52,12 +52,20 @@ def adapter_class(name: str) -> type[Adapter]:
 
 def create_engine(url: str | sa.URL, **kwargs: Any) -> Engine:
     """An engine for ``url`` with the options its adapter asks for."""
-    parsed = sa.make_url(url)
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise UnsupportedDatabase(f"not a database URL ({exc}); e.g. sqlite:///jobs.db") from None
     name = parsed.get_backend_name()
     options = adapter_class(name).engine_options(parsed)
     options.update(kwargs)
     try:
         return sa.create_engine(parsed, **options)
+    except sa.exc.NoSuchModuleError as exc:
+        raise UnsupportedDatabase(
+            f"SQLAlchemy knows no dialect/driver {parsed.drivername!r}; check the URL "
+            "(e.g. postgresql+psycopg://, mysql+pymysql://, sqlite:///file.db)"
+        ) from exc
     except ImportError as exc:
         raise UnsupportedDatabase(
             f"the driver for {parsed.drivername!r} is not installed ({exc}); install it, "

@@ -90,7 +90,12 @@ class Adapter:
         raise NotImplementedError
 
     def lock_share(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
-        """Rows whose state must not change until commit (dependencies of a new job)."""
+        """Dependencies of a new job: their state must not become terminal until commit."""
+        raise NotImplementedError
+
+    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        """A job reaching a terminal state: waits for every ``lock_share`` holder, so that
+        the dependents it then promotes or cancels include those being added right now."""
         raise NotImplementedError
 
     # -- errors -----------------------------------------------------------------------

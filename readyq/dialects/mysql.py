@@ -47,8 +47,12 @@ class MySQLAdapter(Adapter):
         return stmt.with_for_update()
 
     def lock_share(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
-        # Renders LOCK IN SHARE MODE, accepted by MySQL 8 and MariaDB alike.
+        # Renders LOCK IN SHARE MODE, accepted by MySQL 8 and MariaDB alike. InnoDB has no
+        # key-share mode: claimers skip the row until the enqueue commits (NOTES 8).
         return stmt.with_for_update(read=True)
+
+    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        return stmt.with_for_update()
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         return errno(exc) in {_DEADLOCK, _LOCK_WAIT_TIMEOUT}

@@ -41,9 +41,14 @@ class PostgreSQLAdapter(Adapter):
         return stmt.with_for_update(key_share=True)
 
     def lock_share(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
-        # FOR SHARE conflicts with the finalize's NO KEY UPDATE: a dependency cannot
-        # finish between "it is not done" and the commit of the edge that waits on it.
-        return stmt.with_for_update(read=True)
+        # KEY SHARE, the lock the foreign-key check takes anyway: claimers' NO KEY UPDATE
+        # SKIP LOCKED still see the row (FOR SHARE would hide it, NOTES 8) ...
+        return stmt.with_for_update(read=True, key_share=True)
+
+    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        # ... while the plain FOR UPDATE of a finishing job waits for it, so the edge is
+        # committed (and visible at READ COMMITTED) before the job looks for dependents.
+        return stmt.with_for_update()
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         # 40P01 deadlock_detected, 40001 serialization_failure.

@@ -65,6 +65,9 @@ class SQLiteAdapter(Adapter):
     def lock_share(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
         return stmt
 
+    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        return stmt
+
     def is_retryable(self, exc: DBAPIError) -> bool:
         return isinstance(exc, sa.exc.OperationalError) and "database is locked" in str(exc)
 
