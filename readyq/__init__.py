@@ -15,10 +15,13 @@ from .errors import (
     UnknownJob,
     UnsupportedDatabase,
 )
+from .fairshare import GroupDemand, fair_share
 from .graph import DEFAULT_MAX_ATTEMPTS, Graph, JobHandle
 from .job import TERMINAL, TRANSITIONS, JobInfo, JobState, Lease, Outcome, Transition
+from .limits import Budget, Concurrency, Limit, RateLimit
 from .queue import Queue
 from .retry import Backoff
+from .worker import Handlers, JobContext, TickReport, Worker
 
 __version__ = "0.1.0"
 
@@ -27,22 +30,32 @@ __all__ = [
     "TERMINAL",
     "TRANSITIONS",
     "Backoff",
+    "Budget",
     "Clock",
+    "Concurrency",
     "CycleError",
     "Graph",
+    "GroupDemand",
+    "Handlers",
     "InvalidJob",
+    "JobContext",
     "JobHandle",
     "JobInfo",
     "JobState",
     "Lease",
     "LeaseLost",
+    "Limit",
     "Outcome",
     "Queue",
+    "RateLimit",
     "ReadyqError",
     "SchemaNotInstalled",
     "SystemClock",
+    "TickReport",
     "Transition",
     "UnknownJob",
     "UnsupportedDatabase",
+    "Worker",
     "__version__",
+    "fair_share",
 ]

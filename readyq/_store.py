@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from .dialects import Adapter
 from .errors import InvalidJob, LeaseLost, UnknownJob
-from .job import MAX_ERROR_CHARS, TRANSITIONS, JobState, Lease, Outcome, decode_payload
+from .job import MAX_ERROR_CHARS, TERMINAL, TRANSITIONS, JobState, Lease, Outcome, decode_payload
 from .schema import deps, jobs
 
 __all__: list[str] = []
@@ -144,6 +144,40 @@ def claim(
         )
         for r in rows
     ]
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """One group in the ready set: jobs ready now, jobs running, and its weight."""
+
+    group: str
+    ready: int
+    running: int
+    weight: float
+
+
+def scan(conn: Connection, *, now: int) -> list[GroupStats]:
+    """Ready and running jobs per group (the ready set's shape, for fair share).
+
+    A group's weight is the largest weight among its ready and running jobs: independent
+    of row order, and a heavy job is never diluted by lighter ones of its group.
+    """
+    live = sa.or_(c.state == S.RUNNING, sa.and_(c.state == S.READY, c.run_after_us <= now))
+    rows = conn.execute(
+        sa.select(c.group_key, c.state, sa.func.count(), sa.func.max(c.weight))
+        .where(live)
+        .group_by(c.group_key, c.state)
+        .order_by(c.group_key, c.state)
+    ).all()
+    acc: dict[str, list[float]] = {}
+    for group, state, n, weight in rows:
+        ready, running, w = acc.setdefault(group, [0, 0, 0.0])
+        acc[group] = [
+            ready + (n if state == S.READY else 0),
+            running + (n if state == S.RUNNING else 0),
+            max(w, weight),
+        ]
+    return [GroupStats(g, int(r), int(n), w) for g, (r, n, w) in sorted(acc.items())]
 
 
 # -- lease holder's writes ------------------------------------------------------------
@@ -541,3 +575,47 @@ def retry(conn: Connection, ad: Adapter, job_id: int, *, now: int) -> bool:
         )
         after_terminal(conn, ad, again, now=now)
     return True
+
+
+def prune(conn: Connection, *, before: int, batch: int, after_id: int) -> tuple[int, int | None]:
+    """Delete finished jobs that finished before ``before`` and nothing still needs.
+
+    Looks at up to ``batch`` candidates with ids above ``after_id``; returns how many were
+    deleted and the last id looked at (None when there are no more candidates).
+    """
+    finished = sorted(TERMINAL)
+    ids = list(
+        conn.execute(
+            sa.select(c.id)
+            .where(c.state.in_(finished), c.finished_us < before, c.id > after_id)
+            .order_by(c.id)
+            .limit(batch)
+        ).scalars()
+    )
+    if not ids:
+        return 0, None
+    child = jobs.alias("child")
+    keep = set(
+        conn.execute(
+            sa.select(child.c.parent_id).where(
+                child.c.parent_id.in_(ids),
+                sa.or_(child.c.state.not_in(finished), child.c.finished_us >= before),
+            )
+        ).scalars()
+    )
+    keep |= set(
+        conn.execute(
+            sa.select(deps.c.depends_on)
+            .join(jobs, jobs.c.id == deps.c.job_id)
+            .where(deps.c.depends_on.in_(ids), c.state.not_in(finished))
+        ).scalars()
+    )
+    gone = [i for i in ids if i not in keep]
+    if not gone:
+        return 0, ids[-1]
+    conn.execute(
+        sa.delete(deps).where(sa.or_(deps.c.job_id.in_(gone), deps.c.depends_on.in_(gone)))
+    )
+    conn.execute(sa.update(jobs).where(c.parent_id.in_(gone)).values(parent_id=None))
+    conn.execute(sa.delete(jobs).where(c.id.in_(gone)))
+    return len(gone), ids[-1]

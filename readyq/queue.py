@@ -206,6 +206,68 @@ class Queue:
 
         return self._read(read)
 
+    def prune(self, older_than: _dt.timedelta, *, batch: int = 1000) -> int:
+        """Delete jobs that finished more than ``older_than`` ago (retention).
+
+        Jobs still needed (a container's unfinished children, an open dependent's
+        dependency) are kept. Returns how many were deleted.
+        """
+        if not isinstance(older_than, _dt.timedelta) or older_than < _dt.timedelta(0):
+            raise InvalidJob("older_than must be a non-negative timedelta")
+        cut = round(older_than.total_seconds() * 1e6)
+        total, cursor = 0, 0
+        while True:
+
+            def step(
+                conn: Connection, ad: object, now: int, after: int = cursor
+            ) -> tuple[int, int | None]:
+                return _store.prune(conn, before=now - cut, batch=batch, after_id=after)
+
+            n, last = self._write(step)
+            total += n
+            if last is None:
+                return total
+            cursor = last
+
+    def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[JobInfo]:
+        """The most recent jobs (optionally of one state), newest first."""
+        if state is not None and state not in {s.value for s in JobState}:
+            raise InvalidJob(f"unknown state {state!r}; one of {[s.value for s in JobState]}")
+
+        def read(conn: Connection, now: int) -> list[JobInfo]:
+            stmt = sa.select(jobs).order_by(c.id.desc()).limit(limit)
+            if state is not None:
+                stmt = stmt.where(c.state == state)
+            return [_info(row, ()) for row in conn.execute(stmt)]
+
+        return self._read(read)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts per state and group, the oldest ready job, running jobs per worker."""
+
+        def read(conn: Connection, now: int) -> dict[str, Any]:
+            oldest = conn.execute(
+                sa.select(sa.func.min(c.run_after_us)).where(c.state == JobState.READY)
+            ).scalar()
+            owners = conn.execute(
+                sa.select(c.lease_owner, sa.func.count())
+                .where(c.state == JobState.RUNNING)
+                .group_by(c.lease_owner)
+                .order_by(c.lease_owner)
+            ).all()
+            return {
+                "groups": [vars(g) for g in _store.scan(conn, now=now)],
+                "oldest_ready": from_us(oldest),
+                "running_per_worker": {row[0]: row[1] for row in owners},
+            }
+
+        out = self._read(read)
+        return {"counts": self.counts(), **out}
+
+    def scan(self) -> list[_store.GroupStats]:
+        """Per group: jobs ready now, jobs running (any worker), and the group's weight."""
+        return self._read(lambda conn, now: _store.scan(conn, now=now))
+
     # -- operator actions -------------------------------------------------------------
 
     def cancel(self, job_id: int) -> bool:

@@ -1,0 +1,454 @@
+"""The Worker: reclaim -> scan -> rank -> lease -> dispatch -> persist, tick after tick.
+
+Each stage is one method, so the simulator and tests can drive them one at a time. All
+time comes from the queue's :class:`~readyq.clock.Clock`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _store
+from .errors import InvalidJob, LeaseLost, ReadyqError
+from .fairshare import GroupDemand, fair_share
+from .job import Lease, encode_payload
+from .limits import Concurrency, Limit
+from .queue import Queue
+
+__all__ = ["Handlers", "JobContext", "TickReport", "Worker"]
+
+log = logging.getLogger("readyq")
+Handler = Callable[["JobContext", dict[str, Any]], "dict[str, Any] | None"]
+Hook = Callable[[str, dict[str, Any]], None]
+
+
+class Handlers:
+    """A registry of handlers by job type: ``@handlers("fetch") def fetch(ctx, args): ...``."""
+
+    def __init__(self, mapping: Mapping[str, Handler] | None = None) -> None:
+        self._by_type: dict[str, Handler] = {}
+        for name, fn in (mapping or {}).items():
+            self.add(name, fn)
+
+    def add(self, type_: str, fn: Handler) -> Handler:
+        if not isinstance(type_, str) or not type_:
+            raise InvalidJob("a handler's job type must be a non-empty string")
+        if not callable(fn):
+            raise InvalidJob(f"the handler for {type_!r} is not callable")
+        self._by_type[type_] = fn
+        return fn
+
+    def __call__(self, type_: str) -> Callable[[Handler], Handler]:
+        return lambda fn: self.add(type_, fn)
+
+    def get(self, type_: str) -> Handler | None:
+        return self._by_type.get(type_)
+
+    def __contains__(self, type_: object) -> bool:
+        return type_ in self._by_type
+
+    def types(self) -> list[str]:
+        return sorted(self._by_type)
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about its run. Check ``lost`` in long loops and stop when set."""
+
+    lease: Lease
+    _queue: Queue = field(repr=False)
+    _ttl: float = field(repr=False)
+    lost: threading.Event = field(default_factory=threading.Event)
+    reason: str | None = None
+
+    @property
+    def job_id(self) -> int:
+        return self.lease.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.lease.attempt
+
+    @property
+    def token(self) -> int:
+        return self.lease.token
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable per (job, lease): key external side effects with it."""
+        return self.lease.idempotency_key
+
+    def heartbeat(self) -> None:
+        """Renew the lease now (the worker also does so every ``heartbeat_every``)."""
+        try:
+            self._queue.heartbeat(self.lease, ttl=self._ttl)
+        except LeaseLost:
+            self.lose("lease lost")
+            raise
+
+    def lose(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.reason = reason
+            self.lost.set()
+
+
+@dataclass
+class _Run:
+    ctx: JobContext
+    thread: threading.Thread | None = None
+    outcome: tuple[str, Any] | None = None  # ("ok", result) | ("error", exc)
+    settled: bool = False
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """What one tick did."""
+
+    reclaimed: int = 0
+    claimed: dict[str, int] = field(default_factory=dict)
+    dispatched: int = 0
+    finished: int = 0
+    lost: int = 0
+
+
+class Worker:
+    """Runs handlers for claimed jobs, within limits, sharing slots fairly across groups."""
+
+    def __init__(
+        self,
+        queue: Queue,
+        handlers: Handlers | Mapping[str, Handler],
+        *,
+        worker_id: str | None = None,
+        lease_ttl: float = 30.0,
+        heartbeat_every: float = 10.0,
+        limits: Iterable[Limit] = (),
+        poll_interval: float = 1.0,
+        executor: str = "thread",
+        reclaim_every: float | None = None,
+        grace: float = 30.0,
+        group_caps: Mapping[str, int] | None = None,
+        hooks: Iterable[Hook] = (),
+    ) -> None:
+        for name, value in (
+            ("lease_ttl", lease_ttl),
+            ("heartbeat_every", heartbeat_every),
+            ("poll_interval", poll_interval),
+            ("grace", grace),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise InvalidJob(f"{name} must be a positive number of seconds, not {value!r}")
+        if lease_ttl < 2 * heartbeat_every:
+            raise InvalidJob(
+                f"lease_ttl ({lease_ttl}s) must be at least twice heartbeat_every "
+                f"({heartbeat_every}s): one late heartbeat would let another worker reclaim "
+                "a live job. Raise lease_ttl (slower crash recovery) or heartbeat more "
+                "often (more writes); lease_ttl = 3-4 x heartbeat_every is a good default."
+            )
+        if executor != "thread":
+            raise InvalidJob(f"executor must be 'thread', not {executor!r}")
+        self.queue = queue
+        self.handlers = handlers if isinstance(handlers, Handlers) else Handlers(handlers)
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.lease_ttl = float(lease_ttl)
+        self.heartbeat_every = float(heartbeat_every)
+        self.limits: list[Limit] = list(limits) or [Concurrency(8)]
+        self.poll_interval = float(poll_interval)
+        self.reclaim_every = float(reclaim_every if reclaim_every is not None else lease_ttl / 2)
+        self.grace = float(grace)
+        self.group_caps = dict(group_caps or {})
+        self.hooks = list(hooks)
+        self._clock = queue.clock
+        self._runs: dict[int, _Run] = {}
+        self._served: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._last_reclaim: float | None = None
+        self._last_heartbeat = self._clock.monotonic()
+
+    # -- events -----------------------------------------------------------------------
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        fields = {"worker": self.worker_id, **fields}
+        log.info(
+            "%s %s",
+            event,
+            " ".join(f"{k}={v}" for k, v in fields.items()),
+            extra={"readyq_event": event, "readyq": fields},
+        )
+        for hook in self.hooks:
+            hook(event, fields)
+
+    # -- the tick -----------------------------------------------------------------------
+
+    def tick(self) -> TickReport:
+        """One pass of every stage; returns what it did."""
+        finished, lost = self.persist()
+        self.check_timeouts()
+        self.heartbeat_due()
+        reclaimed = self.reclaim_due()
+        claimed: dict[str, int] = {}
+        dispatched = 0
+        if not self._stopping.is_set():
+            ranking = self.rank(self.scan())
+            leases = self.lease(ranking)
+            for lease in leases:
+                claimed[lease.group] = claimed.get(lease.group, 0) + 1
+            dispatched = self.dispatch(leases)
+        return TickReport(reclaimed, claimed, dispatched, finished, lost)
+
+    def reclaim_due(self) -> int:
+        """Stage 1: sweep expired leases and hung jobs, every ``reclaim_every`` seconds."""
+        now = self._clock.monotonic()
+        if self._last_reclaim is not None and now - self._last_reclaim < self.reclaim_every:
+            return 0
+        self._last_reclaim = now
+        counts = self.queue.sweep()
+        if counts.total:
+            self._emit(
+                "reclaim", expired=counts.expired, timed_out=counts.timed_out, failed=counts.failed
+            )
+        return counts.total
+
+    def free_slots(self) -> int:
+        now = self._clock.monotonic()
+        return max(0, min(limit.available(now) for limit in self.limits))
+
+    def scan(self) -> list[_store.GroupStats]:
+        """Stage 2: the ready set per group (skipped when no slot is free)."""
+        return self.queue.scan() if self.free_slots() > 0 else []
+
+    def rank(self, stats: list[_store.GroupStats]) -> list[str]:
+        """Stage 3: fair share of the free slots, counting slots groups already hold."""
+        free = self.free_slots()
+        if free <= 0 or not stats:
+            return []
+        with self._lock:
+            local: dict[str, int] = {}
+            for run in self._runs.values():
+                local[run.ctx.lease.group] = local.get(run.ctx.lease.group, 0) + 1
+        demands = []
+        active = {s.group for s in stats}
+        # A group that left the backlog forgets its history; one that joins starts at the
+        # current virtual time of the others, neither owed a burst nor penalized.
+        self._served = {g: n for g, n in self._served.items() if g in active}
+        if self._served:
+            level = min(self._served[s.group] / s.weight for s in stats if s.group in self._served)
+        else:
+            level = 0.0
+        for s in stats:
+            self._served.setdefault(s.group, int(level * s.weight))
+            ready = s.ready
+            cap = self.group_caps.get(s.group)
+            if cap is not None:
+                ready = max(0, min(ready, cap - local.get(s.group, 0)))
+            demands.append(GroupDemand(s.group, s.weight, s.running, ready, self._served[s.group]))
+        return fair_share(demands, free)
+
+    def lease(self, ranking: list[str]) -> list[Lease]:
+        """Stage 4: claim the ranked jobs atomically, falling through taken groups."""
+        if not ranking:
+            return []
+        leases = self.queue.claim(
+            self.worker_id, ttl=self.lease_ttl, limit=len(ranking), groups=ranking
+        )
+        for lease in leases:
+            self._emit(
+                "claim",
+                job=lease.job_id,
+                token=lease.token,
+                type=lease.type,
+                group=lease.group,
+                attempt=lease.attempt,
+            )
+        return leases
+
+    def dispatch(self, leases: list[Lease]) -> int:
+        """Stage 5: start a handler for each lease."""
+        now = self._clock.monotonic()
+        for lease in leases:
+            ctx = JobContext(lease, self.queue, self.lease_ttl)
+            run = _Run(ctx)
+            for limit in self.limits:
+                limit.acquire(lease, now)
+            with self._lock:
+                self._runs[lease.job_id] = run
+            run.thread = threading.Thread(
+                target=self._call, args=(run,), daemon=True, name=f"readyq-job-{lease.job_id}"
+            )
+            run.thread.start()
+        return len(leases)
+
+    def _call(self, run: _Run) -> None:
+        lease = run.ctx.lease
+        fn = self.handlers.get(lease.type)
+        try:
+            if fn is None:
+                raise InvalidJob(
+                    f"no handler for job type {lease.type!r} (this worker has "
+                    f"{', '.join(self.handlers.types()) or 'none'})"
+                )
+            result = fn(run.ctx, dict(lease.args))
+            if result is not None and not isinstance(result, dict):
+                raise InvalidJob(
+                    f"handler for {lease.type!r} returned {type(result).__name__}; "
+                    "return a dict (JSON object) or None"
+                )
+            encode_payload(result or {}, "result")
+            run.outcome = ("ok", result)
+        except BaseException as exc:
+            run.outcome = ("error", exc)
+        self._wake.set()
+
+    def persist(self) -> tuple[int, int]:
+        """Stage 6: finalize or fail the runs whose handler returned."""
+        with self._lock:
+            done = [r for r in self._runs.values() if r.outcome is not None]
+        finished = lost = 0
+        for run in done:
+            lease = run.ctx.lease
+            assert run.outcome is not None
+            kind, value = run.outcome
+            try:
+                if run.ctx.lost.is_set():
+                    raise LeaseLost(
+                        f"job {lease.job_id}: {run.ctx.reason}", lease.job_id, lease.token
+                    )
+                if kind == "ok":
+                    self.queue.finalize(lease, value)
+                    self._emit("finalize", job=lease.job_id, token=lease.token)
+                else:
+                    permanent = isinstance(value, ReadyqError)
+                    outcome = self.queue.fail(lease, value, retry=not permanent)
+                    self._emit(
+                        "fail",
+                        job=lease.job_id,
+                        token=lease.token,
+                        state=outcome.state.value,
+                        error=repr(value)[:200],
+                    )
+                finished += 1
+            except LeaseLost as exc:
+                lost += 1
+                self._emit("lease_lost", job=lease.job_id, token=lease.token, reason=str(exc))
+            self._end(run)
+        return finished, lost
+
+    def _end(self, run: _Run) -> None:
+        """A run's slot ends exactly once, whatever happened to its lease."""
+        with self._lock:
+            if run.settled:
+                return
+            run.settled = True
+            self._runs.pop(run.ctx.lease.job_id, None)
+            group = run.ctx.lease.group
+            self._served[group] = self._served.get(group, 0) + 1
+        now = self._clock.monotonic()
+        for limit in self.limits:
+            limit.release(run.ctx.lease, now)
+
+    def check_timeouts(self) -> None:
+        """Abandon runs past their hang deadline: their late result will be rejected."""
+        now_us = self._clock.now_us()
+        with self._lock:
+            runs = list(self._runs.values())
+        for run in runs:
+            deadline = run.ctx.lease.deadline_us
+            if deadline is not None and now_us > deadline and not run.ctx.lost.is_set():
+                run.ctx.lose("timed out")
+                self._emit("timeout", job=run.ctx.job_id, token=run.ctx.token)
+                if run.outcome is None:
+                    self._end(run)  # the thread is abandoned; its slot is free now
+
+    def heartbeat_due(self) -> None:
+        """Renew every live lease once ``heartbeat_every`` has passed."""
+        now = self._clock.monotonic()
+        if now - self._last_heartbeat < self.heartbeat_every:
+            return
+        self._last_heartbeat = now
+        with self._lock:
+            runs = [r for r in self._runs.values() if not r.ctx.lost.is_set()]
+        for run in runs:
+            try:
+                self.queue.heartbeat(run.ctx.lease, ttl=self.lease_ttl)
+            except LeaseLost as exc:
+                run.ctx.lose("lease lost")
+                self._emit("lease_lost", job=run.ctx.job_id, token=run.ctx.token, reason=str(exc))
+                if run.outcome is None:
+                    self._end(run)
+
+    # -- running ------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return len(self._runs)
+
+    def stop(self) -> None:
+        """Stop claiming; ``run`` then drains and returns."""
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self, *, until_idle: bool = False) -> None:
+        """Tick until :meth:`stop` (or SIGINT/SIGTERM); ``until_idle`` also stops when the
+        queue has nothing ready or running for this worker."""
+        restore = self._install_signals()
+        try:
+            while not self._stopping.is_set():
+                report = self.tick()
+                if until_idle and not self.running and not report.claimed and self._idle():
+                    break
+                if report.claimed or report.finished:
+                    continue
+                self._clock.wait(self._wake, min(self.poll_interval, self.heartbeat_every))
+                self._wake.clear()
+            self._drain()
+        finally:
+            restore()
+
+    def _idle(self) -> bool:
+        counts = self.queue.counts()
+        return counts["ready"] == 0 and counts["running"] == 0 and counts["blocked"] == 0
+
+    def _drain(self) -> None:
+        """Graceful shutdown: let running jobs finish within ``grace``, then hand back the rest."""
+        deadline = self._clock.monotonic() + self.grace
+        while self.running and self._clock.monotonic() < deadline:
+            self.persist()
+            self.heartbeat_due()
+            if self.running:
+                self._clock.wait(self._wake, min(0.05, self.heartbeat_every))
+                self._wake.clear()
+        self.persist()
+        with self._lock:
+            left = list(self._runs.values())
+        for run in left:
+            run.ctx.lose("worker stopping")
+            try:
+                self.queue.release(run.ctx.lease)
+                self._emit("release", job=run.ctx.job_id, token=run.ctx.token)
+            except LeaseLost:
+                pass
+            self._end(run)
+
+    def _install_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in old:
+            signal.signal(s, lambda *_: self.stop())
+
+        def restore() -> None:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+        return restore
