@@ -1,0 +1,1 @@
+"""readyq_bench: throughput, latency and scaling measurements (`readyq bench`)."""
