@@ -1,0 +1,309 @@
+"""The Worker: ticks, handlers, limits, fair share, liveness and shutdown on real databases."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import readyq
+from readyq import Concurrency, Handlers, InvalidJob, JobState, RateLimit, Worker
+
+pytestmark = pytest.mark.backend
+ROOT = Path(__file__).resolve().parent.parent
+S = JobState
+
+
+def ok(ctx: readyq.JobContext, args: dict[str, Any]) -> dict[str, Any]:
+    return {"n": args.get("n")}
+
+
+def settle(worker: Worker, timeout: float = 30) -> None:
+    """Wait (wall clock) until every dispatched handler of ``worker`` has returned."""
+    deadline = time.monotonic() + timeout
+    while any(r.outcome is None for r in list(worker._runs.values())):
+        assert time.monotonic() < deadline, "handlers did not return"
+        time.sleep(0.005)
+
+
+def drain(worker: Worker, ticks: int = 500) -> None:
+    for _ in range(ticks):
+        report = worker.tick()
+        settle(worker)
+        if not report.claimed and not worker.running and worker.queue.counts()["ready"] == 0:
+            return
+
+
+class TestHandlers:
+    def test_results_are_stored_with_done(self, queue: readyq.Queue) -> None:
+        """A handler's return value becomes the job's result."""
+        job = queue.enqueue("ok", {"n": 7})
+        drain(Worker(queue, {"ok": ok}, poll_interval=0.01))
+        assert (queue.get(job).state, queue.get(job).result) == (S.DONE, {"n": 7})
+
+    def test_raising_handler_is_retried_then_failed(self, queue: readyq.Queue) -> None:
+        """Exceptions are failed attempts; the last one fails the job with the error text."""
+        calls = []
+
+        def boom(ctx: readyq.JobContext, args: dict[str, Any]) -> None:
+            calls.append(ctx.attempt)
+            raise RuntimeError("disk full")
+
+        queue.backoff = readyq.Backoff(base=0.001, cap=0.001, jitter=0)
+        job = queue.enqueue("boom", max_attempts=2)
+        w = Worker(queue, {"boom": boom})
+        for _ in range(50):
+            w.tick()
+            settle(w)
+            if queue.get(job).state == S.FAILED:
+                break
+            time.sleep(0.002)
+        info = queue.get(job)
+        assert (info.state, info.error, calls) == (S.FAILED, "RuntimeError: disk full", [1, 2])
+
+    def test_unknown_job_type_fails_the_job_and_the_worker_goes_on(
+        self, queue: readyq.Queue
+    ) -> None:
+        """A job no handler knows fails at once with a clear error; other jobs still run."""
+        stray = queue.enqueue("nobody-handles-this")
+        fine = queue.enqueue("ok")
+        drain(Worker(queue, {"ok": ok}))
+        info = queue.get(stray)
+        assert info.state == S.FAILED
+        assert info.error is not None
+        assert "no handler for job type 'nobody-handles-this'" in info.error
+        assert queue.get(fine).state == S.DONE
+
+    def test_handler_returning_a_non_dict_fails_the_job(self, queue: readyq.Queue) -> None:
+        """A result must be a JSON object; anything else fails the job and says so."""
+        job = queue.enqueue("bad")
+        drain(Worker(queue, {"bad": lambda ctx, args: [1, 2]}))
+        info = queue.get(job)
+        assert info.state == S.FAILED
+        assert "returned list" in (info.error or "")
+
+    def test_handler_returning_non_json_fails_the_job(self, queue: readyq.Queue) -> None:
+        """A result JSON cannot hold fails the job instead of crashing the worker."""
+        job = queue.enqueue("bad")
+        drain(Worker(queue, {"bad": lambda ctx, args: {"x": {1, 2}}}))
+        assert queue.get(job).state == S.FAILED
+
+    def test_handlers_registry_decorator_registers_by_type(self, queue: readyq.Queue) -> None:
+        """@handlers("type") registers a function for that job type."""
+        handlers = Handlers()
+
+        @handlers("greet")
+        def greet(ctx: readyq.JobContext, args: dict[str, Any]) -> dict[str, Any]:
+            return {"hello": args["who"], "key": ctx.idempotency_key}
+
+        job = queue.enqueue("greet", {"who": "world"})
+        drain(Worker(queue, handlers))
+        assert queue.get(job).result == {"hello": "world", "key": f"readyq:{job}:1"}
+
+
+class TestConfiguration:
+    def test_ttl_shorter_than_two_heartbeats_is_refused(self, queue: readyq.Queue) -> None:
+        """lease_ttl < 2 x heartbeat_every is refused with the tradeoff explained."""
+        with pytest.raises(InvalidJob, match="at least twice heartbeat_every"):
+            Worker(queue, {}, lease_ttl=10, heartbeat_every=6)
+
+    def test_unknown_executor_is_refused(self, queue: readyq.Queue) -> None:
+        """Only the documented executors are accepted."""
+        with pytest.raises(InvalidJob, match="executor"):
+            Worker(queue, {}, executor="fibers")
+
+
+class TestTick:
+    def test_tick_reports_claims_per_group(self, queue: readyq.Queue) -> None:
+        """One tick claims up to the free slots and says how many per group."""
+        for g in ("a", "a", "b"):
+            queue.enqueue("ok", group=g)
+        w = Worker(queue, {"ok": ok}, limits=[Concurrency(8)])
+        report = w.tick()
+        settle(w)
+        assert (report.claimed, report.dispatched) == ({"a": 2, "b": 1}, 3)
+
+    def test_concurrency_caps_running_jobs(self, queue: readyq.Queue) -> None:
+        """With Concurrency(2) a tick starts at most two jobs while they run."""
+        release = threading.Event()
+        for _ in range(5):
+            queue.enqueue("wait")
+        w = Worker(
+            queue, {"wait": lambda ctx, args: release.wait(30) and None}, limits=[Concurrency(2)]
+        )
+        first, second = w.tick(), w.tick()
+        release.set()
+        settle(w)
+        assert (first.dispatched, second.dispatched, w.running) == (2, 0, 2)
+
+    def test_weighted_groups_share_a_saturated_worker_within_one_slot(
+        self, queue: readyq.Queue
+    ) -> None:
+        """Weights 1:2:5, all backlogged: dispatches per group stay within one of the share."""
+        weights = {"a": 1, "b": 2, "c": 5}
+        with queue.graph() as g:
+            for name, w in weights.items():
+                for i in range(120):
+                    g.add("ok", {"n": i}, group=name, weight=w)
+        worker = Worker(queue, {"ok": ok}, limits=[Concurrency(4)])
+        served: Counter[str] = Counter()
+        worst = 0.0
+        while sum(served.values()) < 160:
+            report = worker.tick()
+            settle(worker)
+            served.update(report.claimed)
+            total = sum(served.values())
+            worst = max(worst, *(abs(served[n] - total * w / 8) for n, w in weights.items()))
+        assert worst < 1.5, f"lag {worst:.2f} with {dict(served)}"
+        assert served["c"] > served["b"] > served["a"] > 0
+
+
+class TestLimits:
+    def test_rate_limit_admits_its_rate_plus_burst(self) -> None:
+        """A token bucket of 5/s, burst 2, admits 52 starts in 10 s when asked constantly."""
+        limit = RateLimit(5, burst=2)
+        started = 0
+        for step in range(1001):  # every 10 ms from 0 s to 10 s inclusive
+            now = step / 100
+            while limit.available(now) > 0:
+                limit.acquire(None, now)  # type: ignore[arg-type]
+                started += 1
+        assert started == 52
+
+    def test_worker_under_rate_limit_starts_jobs_at_that_rate(
+        self,
+        make_queue,
+        clock,  # type: ignore[no-untyped-def]
+    ) -> None:
+        """In 10 virtual seconds at 2 jobs/s (burst 1) the worker starts 21 jobs."""
+        q = make_queue(clock)
+        with q.graph() as g:
+            for i in range(60):
+                g.add("ok", {"n": i})
+        w = Worker(
+            q, {"ok": ok}, limits=[Concurrency(50), RateLimit(2, burst=1)], reclaim_every=1000
+        )
+        started = 0
+        for _ in range(101):
+            started += w.tick().dispatched
+            settle(w)
+            clock.advance(0.1)
+        assert started == 21
+
+
+class TestLiveness:
+    def test_hung_handler_is_timed_out_while_heart_beating(self, queue: readyq.Queue) -> None:
+        """A handler past its job's timeout is abandoned and the job fails, heartbeats or not."""
+        hang = threading.Event()
+        job = queue.enqueue("hang", timeout=0.3, max_attempts=1)
+        w = Worker(
+            queue,
+            {"hang": lambda ctx, args: hang.wait(60) and None},
+            lease_ttl=5,
+            heartbeat_every=0.05,
+            reclaim_every=0.05,
+        )
+        deadline = time.monotonic() + 20
+        while queue.get(job).state == S.RUNNING or queue.get(job).state == S.READY:
+            assert time.monotonic() < deadline, "job was never timed out"
+            w.tick()
+            time.sleep(0.02)
+        hang.set()
+        info = queue.get(job)
+        assert (info.state, w.running) == (S.FAILED, 0)
+        assert (info.error or "").startswith("timed out after 0.3s")
+
+    def test_graceful_stop_releases_running_jobs(self, queue: readyq.Queue) -> None:
+        """stop(): running jobs get the grace period, then their leases are handed back."""
+        hang = threading.Event()
+        job = queue.enqueue("hang")
+        w = Worker(
+            queue, {"hang": lambda ctx, args: hang.wait(60) and None}, grace=0.2, poll_interval=0.01
+        )
+        runner = threading.Thread(target=w.run)
+        runner.start()
+        while queue.get(job).state != S.RUNNING:
+            time.sleep(0.01)
+        w.stop()
+        runner.join(10)
+        hang.set()
+        info = queue.get(job)
+        assert (runner.is_alive(), info.state, info.attempts) == (False, S.READY, 0)
+
+    @pytest.mark.slow
+    def test_killed_worker_process_job_is_finished_by_another_after_the_ttl(
+        self, queue_url: str, queue: readyq.Queue
+    ) -> None:
+        """SIGKILL mid-job: after the lease TTL a second worker process runs the job again."""
+        job = queue.enqueue("stall-first")
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+        cmd = [
+            sys.executable,
+            "-m",
+            "readyq",
+            "worker",
+            "--url",
+            queue_url,
+            "--handlers",
+            "worker_handlers:handlers",
+            "--lease-ttl",
+            "2",
+            "--heartbeat-every",
+            "0.5",
+            "--poll-interval",
+            "0.1",
+        ]
+        first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while queue.get(job).state != S.RUNNING:
+                assert time.monotonic() < deadline, "first worker never claimed the job"
+                time.sleep(0.05)
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(10)
+        finally:
+            first.kill()
+        second = subprocess.run(
+            [*cmd, "--until-idle"], env=env, capture_output=True, text=True, timeout=90, check=False
+        )
+        info = queue.get(job)
+        assert second.returncode == 0, second.stderr
+        assert (info.state, info.attempts, info.result) == (S.DONE, 2, {"attempt": 2})
+
+
+def test_readyq_worker_command_runs_user_handlers(queue_url: str, queue: readyq.Queue) -> None:
+    """`readyq worker --handlers module:attr --until-idle` runs the jobs and exits 0."""
+    jobs = [queue.enqueue("echo", {"i": i}) for i in range(3)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "readyq",
+            "worker",
+            "--url",
+            queue_url,
+            "--handlers",
+            "worker_handlers:handlers",
+            "--until-idle",
+            "--poll-interval",
+            "0.05",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert [queue.get(j).result for j in jobs] == [
+        {"echo": {"i": i}, "attempt": 1} for i in range(3)
+    ]
