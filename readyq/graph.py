@@ -256,7 +256,7 @@ class Graph:
         if self._committed:
             raise InvalidJob("this graph has already committed")
         order = self._order()
-        ids = self._queue._write(lambda conn, ad, now: _insert(conn, ad, order, now))
+        ids = self._queue._write(lambda conn, ad, now: _insert(conn, ad, order, now), notify=True)
         for spec, job_id in zip(order, ids, strict=True):
             spec.handle._id = job_id
         self._committed = True

@@ -44,6 +44,7 @@ class Queue:
         clock: Clock | None = None,
         *,
         backoff: Backoff | None = None,
+        channel: str = "readyq",
     ) -> None:
         if isinstance(url_or_engine, Engine):
             self._given, self._owned = url_or_engine, False
@@ -53,6 +54,8 @@ class Queue:
             raise InvalidJob("Queue() takes a database URL or a SQLAlchemy Engine")
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.backoff = backoff if backoff is not None else Backoff()
+        #: LISTEN/NOTIFY channel (where the database has one) that wakes workers.
+        self.channel = channel
         self._adapter: dialects.Adapter | None = None
         self._engine: Engine | None = None
 
@@ -87,14 +90,25 @@ class Queue:
     def __repr__(self) -> str:
         return f"<readyq.Queue {self._given.url.render_as_string(hide_password=True)}>"
 
-    def _write(self, fn: Callable[[Connection, dialects.Adapter, int], R]) -> R:
-        """Run ``fn(conn, adapter, now)`` in one write transaction, retried on conflicts."""
+    def _write(
+        self,
+        fn: Callable[[Connection, dialects.Adapter, int], R],
+        *,
+        notify: Callable[[R], bool] | bool = False,
+    ) -> R:
+        """Run ``fn(conn, adapter, now)`` in one write transaction, retried on conflicts.
+
+        ``notify`` (or a predicate of the result) wakes listening workers at commit.
+        """
         ad = self.adapter
         for attempt in range(_RETRIES):
             try:
                 with self.engine.connect() as conn, conn.begin():
                     ad.begin_write(conn)
-                    return fn(conn, ad, self.clock.now_us())
+                    result = fn(conn, ad, self.clock.now_us())
+                    if notify if isinstance(notify, bool) else notify(result):
+                        ad.notify(conn, self.channel)
+                    return result
             except sa.exc.IntegrityError:
                 # Two enqueues with one idempotency key: the rerun finds the winner's row.
                 if attempt == _RETRIES - 1:
@@ -283,7 +297,9 @@ class Queue:
 
         Attempts start over. Returns False if the job is not failed or cancelled.
         """
-        return self._write(lambda conn, ad, now: _store.retry(conn, ad, job_id, now=now))
+        return self._write(
+            lambda conn, ad, now: _store.retry(conn, ad, job_id, now=now), notify=bool
+        )
 
     # -- leases -----------------------------------------------------------------------
 
@@ -336,7 +352,8 @@ class Queue:
         """
         text = encode_payload({} if result is None else result, "result")
         return self._write(
-            lambda conn, ad, now: _store.finalize(conn, ad, _lease(lease), text, now=now)
+            lambda conn, ad, now: _store.finalize(conn, ad, _lease(lease), text, now=now),
+            notify=True,
         )
 
     def fail(self, lease: Lease, error: str | BaseException, *, retry: bool = True) -> Outcome:
@@ -353,7 +370,9 @@ class Queue:
 
     def release(self, lease: Lease) -> Outcome:
         """Hand a job back unfinished (graceful shutdown); the attempt does not count."""
-        return self._write(lambda conn, ad, now: _store.release(conn, _lease(lease), now=now))
+        return self._write(
+            lambda conn, ad, now: _store.release(conn, _lease(lease), now=now), notify=True
+        )
 
     def reclaim(self, *, batch: int = 500) -> int:
         """Expired leases back to ready, hung jobs timed out; returns how many."""
@@ -363,7 +382,10 @@ class Queue:
         """Like :meth:`reclaim`, with the counts by kind."""
         total = _store.ReclaimCounts()
         while True:
-            got = self._write(lambda conn, ad, now: _store.reclaim(conn, ad, now=now, batch=batch))
+            got = self._write(
+                lambda conn, ad, now: _store.reclaim(conn, ad, now=now, batch=batch),
+                notify=lambda counts: counts.total > 0,
+            )
             total = _store.ReclaimCounts(
                 total.expired + got.expired,
                 total.timed_out + got.timed_out,

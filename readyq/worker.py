@@ -137,6 +137,7 @@ class Worker:
         grace: float = 30.0,
         group_caps: Mapping[str, int] | None = None,
         hooks: Iterable[Hook] = (),
+        listen: bool = False,
     ) -> None:
         for name, value in (
             ("lease_ttl", lease_ttl),
@@ -174,6 +175,8 @@ class Worker:
         self._wake = threading.Event()
         self._last_reclaim: float | None = None
         self._last_heartbeat = self._clock.monotonic()
+        self.listen = listen
+        self._listener: threading.Thread | None = None
 
     # -- events -----------------------------------------------------------------------
 
@@ -402,6 +405,8 @@ class Worker:
         """Tick until :meth:`stop` (or SIGINT/SIGTERM); ``until_idle`` also stops when the
         queue has nothing ready or running for this worker."""
         restore = self._install_signals()
+        if self.listen:
+            self._start_listener()
         try:
             while not self._stopping.is_set():
                 report = self.tick()
@@ -413,7 +418,24 @@ class Worker:
                 self._wake.clear()
             self._drain()
         finally:
+            self._stopping.set()
+            if self._listener is not None:
+                self._listener.join(5)
             restore()
+
+    def _start_listener(self) -> None:
+        """LISTEN for enqueues and finalizes (PostgreSQL); polling stays the backstop."""
+
+        def loop() -> None:
+            try:
+                self.queue.adapter.listen(
+                    self.queue.engine, self.queue.channel, self._wake.set, self._stopping
+                )
+            except ReadyqError as exc:
+                self._emit("listen_unavailable", reason=str(exc))
+
+        self._listener = threading.Thread(target=loop, daemon=True, name="readyq-listen")
+        self._listener.start()
 
     def _idle(self) -> bool:
         counts = self.queue.counts()

@@ -307,3 +307,45 @@ def test_readyq_worker_command_runs_user_handlers(queue_url: str, queue: readyq.
     assert [queue.get(j).result for j in jobs] == [
         {"echo": {"i": i}, "attempt": 1} for i in range(3)
     ]
+
+
+class TestWakeUp:
+    def test_notify_wakes_a_sleeping_worker_long_before_its_poll(
+        self, queue: readyq.Queue, make_queue  # type: ignore[no-untyped-def]
+    ) -> None:
+        """With LISTEN/NOTIFY, a job enqueued while the worker sleeps runs within seconds."""
+        if not queue.adapter.listen_notify:
+            pytest.skip("needs capability listen_notify")
+        ran = threading.Event()
+        w = Worker(make_queue(), {"t": lambda ctx, args: ran.set() and None}, listen=True,
+                   poll_interval=60, heartbeat_every=30, lease_ttl=90, reclaim_every=600)
+        runner = threading.Thread(target=w.run)
+        runner.start()
+        try:
+            time.sleep(1.0)  # the worker has polled once and sleeps for up to 30 s now
+            start = time.monotonic()
+            queue.enqueue("t")
+            woke = ran.wait(20)
+            elapsed = time.monotonic() - start
+        finally:
+            w.stop()
+            runner.join(30)
+        assert woke
+        assert elapsed < 10, f"took {elapsed:.1f}s: the notification did not wake the worker"
+
+    def test_worker_that_cannot_listen_says_so_and_keeps_polling(
+        self, queue: readyq.Queue
+    ) -> None:
+        """listen=True on a database without LISTEN logs why, and jobs still run by polling."""
+        if queue.adapter.listen_notify:
+            pytest.skip("needs a database without capability listen_notify")
+        events: list[str] = []
+        done = threading.Event()
+        job = queue.enqueue("t")
+        w = Worker(queue, {"t": lambda ctx, args: done.set() and None}, listen=True,
+                   poll_interval=0.05, hooks=[lambda event, fields: events.append(event)])
+        runner = threading.Thread(target=w.run, kwargs={"until_idle": True})
+        runner.start()
+        runner.join(30)
+        assert "listen_unavailable" in events
+        assert queue.get(job).state == S.DONE

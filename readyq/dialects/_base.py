@@ -7,6 +7,8 @@ keeps readyq's guarantees. The interface may still change in a 0.x release.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -74,6 +76,20 @@ class Adapter:
 
     def after_install(self, engine: Engine) -> None:
         """Database settings that persist with the schema; default: nothing."""
+
+    # -- wake-ups ---------------------------------------------------------------------
+
+    def notify(self, conn: Connection, channel: str) -> None:
+        """Inside a write transaction: wake listeners when it commits; default: nothing."""
+
+    def listen(
+        self, engine: Engine, channel: str, wake: Callable[[], None], stop: threading.Event
+    ) -> None:
+        """Block until ``stop`` is set, calling ``wake()`` per notification on ``channel``.
+
+        Raises UnsupportedDatabase when this database (or driver, or pooler) cannot.
+        """
+        raise UnsupportedDatabase(f"{self.product} has no LISTEN/NOTIFY; workers poll")
 
     # -- lock clauses -----------------------------------------------------------------
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+import threading
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from ..errors import UnsupportedDatabase
 from ._base import Adapter, sqlstate
 
 __all__ = ["PostgreSQLAdapter"]
@@ -26,6 +31,40 @@ class PostgreSQLAdapter(Adapter):
 
     def version_reason(self) -> str:
         return "the oldest release still supported upstream, and the oldest readyq tests"
+
+    def notify(self, conn: Connection, channel: str) -> None:
+        # pg_notify() takes the channel as a bound value (NOTIFY itself cannot), and is
+        # delivered only if and when the transaction commits.
+        conn.execute(sa.select(sa.func.pg_notify(channel, "")))
+
+    def listen(
+        self, engine: Engine, channel: str, wake: Callable[[], None], stop: threading.Event
+    ) -> None:
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", channel):
+            raise UnsupportedDatabase(f"channel {channel!r} is not a plain identifier")
+        raw = engine.raw_connection()
+        try:
+            driver: Any = raw.driver_connection
+            if not hasattr(driver, "notifies"):
+                raise UnsupportedDatabase(
+                    f"the {engine.dialect.driver} driver cannot LISTEN; use psycopg 3"
+                )
+            driver.autocommit = True
+            # LISTEN takes no bound parameters; the channel was checked to be an identifier.
+            driver.execute(f'LISTEN "{channel}"')  # identifier, not a value: checked above
+            while not stop.is_set():
+                for _ in driver.notifies(timeout=0.5, stop_after=1):
+                    wake()
+        except sa.exc.DBAPIError as exc:
+            raise UnsupportedDatabase(f"cannot LISTEN (a transaction pooler?): {exc}") from exc
+        except Exception as exc:
+            if type(exc).__module__.startswith("psycopg"):
+                raise UnsupportedDatabase(
+                    f"cannot LISTEN (behind a transaction pooler?): {exc}"
+                ) from exc
+            raise
+        finally:
+            raw.invalidate()  # its session state (autocommit, LISTEN) must not be reused
 
     def lock_claimable(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
         # NO KEY: a plain FOR UPDATE conflicts with the key-share lock an open transaction
