@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _store
+from . import _process, _store
 from .errors import InvalidJob, LeaseLost, ReadyqError
 from .fairshare import GroupDemand, fair_share
 from .job import Lease, encode_payload
@@ -154,8 +154,9 @@ class Worker:
                 "a live job. Raise lease_ttl (slower crash recovery) or heartbeat more "
                 "often (more writes); lease_ttl = 3-4 x heartbeat_every is a good default."
             )
-        if executor != "thread":
-            raise InvalidJob(f"executor must be 'thread', not {executor!r}")
+        if executor not in ("thread", "process"):
+            raise InvalidJob(f"executor must be 'thread' or 'process', not {executor!r}")
+        self.executor = executor
         self.queue = queue
         self.handlers = handlers if isinstance(handlers, Handlers) else Handlers(handlers)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -177,6 +178,8 @@ class Worker:
         self._last_heartbeat = self._clock.monotonic()
         self.listen = listen
         self._listener: threading.Thread | None = None
+        self._heartbeats: threading.Thread | None = None
+        self._done = threading.Event()
 
     # -- events -----------------------------------------------------------------------
 
@@ -197,7 +200,8 @@ class Worker:
         """One pass of every stage; returns what it did."""
         finished, lost = self.persist()
         self.check_timeouts()
-        self.heartbeat_due()
+        if self._heartbeats is None:  # run() heart-beats from its own thread
+            self.heartbeat_due()
         reclaimed = self.reclaim_due()
         claimed: dict[str, int] = {}
         dispatched = 0
@@ -300,7 +304,12 @@ class Worker:
                     f"no handler for job type {lease.type!r} (this worker has "
                     f"{', '.join(self.handlers.types()) or 'none'})"
                 )
-            result = fn(run.ctx, dict(lease.args))
+            if self.executor == "process":
+                kind, result = _process.run(fn, lease, run.ctx.lost)
+                if kind == "error":
+                    raise result
+            else:
+                result = fn(run.ctx, dict(lease.args))
             if result is not None and not isinstance(result, dict):
                 raise InvalidJob(
                     f"handler for {lease.type!r} returned {type(result).__name__}; "
@@ -407,6 +416,11 @@ class Worker:
         restore = self._install_signals()
         if self.listen:
             self._start_listener()
+        self._done.clear()
+        self._heartbeats = threading.Thread(
+            target=self._heartbeat_loop, daemon=True, name="readyq-heartbeat"
+        )
+        self._heartbeats.start()
         try:
             while not self._stopping.is_set():
                 report = self.tick()
@@ -419,9 +433,21 @@ class Worker:
             self._drain()
         finally:
             self._stopping.set()
-            if self._listener is not None:
-                self._listener.join(5)
+            self._done.set()
+            for thread in (self._listener, self._heartbeats):
+                if thread is not None:
+                    thread.join(5)
+            self._heartbeats = None
             restore()
+
+    def _heartbeat_loop(self) -> None:
+        """Renew leases on time even while a tick is busy (a slow claim, a slow server)."""
+        while not self._done.is_set():
+            self._clock.wait(self._done, self.heartbeat_every / 4)
+            try:
+                self.heartbeat_due()
+            except Exception as exc:
+                self._emit("heartbeat_error", error=repr(exc)[:200])
 
     def _start_listener(self) -> None:
         """LISTEN for enqueues and finalizes (PostgreSQL); polling stays the backstop."""
@@ -446,7 +472,7 @@ class Worker:
         deadline = self._clock.monotonic() + self.grace
         while self.running and self._clock.monotonic() < deadline:
             self.persist()
-            self.heartbeat_due()
+            self.check_timeouts()
             if self.running:
                 self._clock.wait(self._wake, min(0.05, self.heartbeat_every))
                 self._wake.clear()

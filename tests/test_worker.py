@@ -311,14 +311,23 @@ def test_readyq_worker_command_runs_user_handlers(queue_url: str, queue: readyq.
 
 class TestWakeUp:
     def test_notify_wakes_a_sleeping_worker_long_before_its_poll(
-        self, queue: readyq.Queue, make_queue  # type: ignore[no-untyped-def]
+        self,
+        queue: readyq.Queue,
+        make_queue,  # type: ignore[no-untyped-def]
     ) -> None:
         """With LISTEN/NOTIFY, a job enqueued while the worker sleeps runs within seconds."""
         if not queue.adapter.listen_notify:
             pytest.skip("needs capability listen_notify")
         ran = threading.Event()
-        w = Worker(make_queue(), {"t": lambda ctx, args: ran.set() and None}, listen=True,
-                   poll_interval=60, heartbeat_every=30, lease_ttl=90, reclaim_every=600)
+        w = Worker(
+            make_queue(),
+            {"t": lambda ctx, args: ran.set() and None},
+            listen=True,
+            poll_interval=60,
+            heartbeat_every=30,
+            lease_ttl=90,
+            reclaim_every=600,
+        )
         runner = threading.Thread(target=w.run)
         runner.start()
         try:
@@ -333,19 +342,55 @@ class TestWakeUp:
         assert woke
         assert elapsed < 10, f"took {elapsed:.1f}s: the notification did not wake the worker"
 
-    def test_worker_that_cannot_listen_says_so_and_keeps_polling(
-        self, queue: readyq.Queue
-    ) -> None:
+    def test_worker_that_cannot_listen_says_so_and_keeps_polling(self, queue: readyq.Queue) -> None:
         """listen=True on a database without LISTEN logs why, and jobs still run by polling."""
         if queue.adapter.listen_notify:
             pytest.skip("needs a database without capability listen_notify")
         events: list[str] = []
         done = threading.Event()
         job = queue.enqueue("t")
-        w = Worker(queue, {"t": lambda ctx, args: done.set() and None}, listen=True,
-                   poll_interval=0.05, hooks=[lambda event, fields: events.append(event)])
+        w = Worker(
+            queue,
+            {"t": lambda ctx, args: done.set() and None},
+            listen=True,
+            poll_interval=0.05,
+            hooks=[lambda event, fields: events.append(event)],
+        )
         runner = threading.Thread(target=w.run, kwargs={"until_idle": True})
         runner.start()
         runner.join(30)
         assert "listen_unavailable" in events
         assert queue.get(job).state == S.DONE
+
+
+class TestProcessExecutor:
+    def test_handler_runs_in_another_process(self, queue: readyq.Queue) -> None:
+        """executor='process' runs the handler in a child process and stores its result."""
+        sys.path.insert(0, str(ROOT / "tests"))
+        import worker_handlers
+
+        job = queue.enqueue("in-process")
+        w = Worker(queue, worker_handlers.handlers, executor="process")
+        drain(w)
+        result = queue.get(job).result
+        assert result is not None
+        assert result["pid"] != os.getpid()
+        assert result["key"] == f"readyq:{job}:1"
+
+    def test_timed_out_handler_process_is_killed(self, queue: readyq.Queue, tmp_path: Path) -> None:
+        """A hung handler in a process is killed at its job's timeout, not abandoned."""
+        sys.path.insert(0, str(ROOT / "tests"))
+        import worker_handlers
+
+        pid_file = tmp_path / "pid"
+        job = queue.enqueue("pid-then-hang", {"path": str(pid_file)}, timeout=1.0, max_attempts=1)
+        w = Worker(queue, worker_handlers.handlers, executor="process", reclaim_every=0.1)
+        deadline = time.monotonic() + 60
+        while queue.get(job).state in (S.READY, S.RUNNING) or w.running:
+            assert time.monotonic() < deadline, "the hung job was never timed out"
+            w.tick()
+            time.sleep(0.05)
+        pid = int(pid_file.read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        assert queue.get(job).state == S.FAILED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -21,3 +22,17 @@ def stall_first(ctx: readyq.JobContext, args: dict[str, Any]) -> dict[str, Any]:
     if ctx.attempt == 1:
         time.sleep(args.get("stall", 120))
     return {"attempt": ctx.attempt}
+
+
+@handlers("pid-then-hang")
+def pid_then_hang(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Writes its process id to args['path'], then hangs."""
+    with open(args["path"], "w") as f:  # noqa: PTH123 -- plain file write in a child process
+        f.write(str(os.getpid()))
+    time.sleep(120)
+    return {}
+
+
+@handlers("in-process")
+def in_process(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return {"pid": os.getpid(), "key": ctx.idempotency_key}
