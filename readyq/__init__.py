@@ -25,8 +25,18 @@ from .worker import Handlers, JobContext, TickReport, Worker
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # AsyncQueue loads sqlalchemy.ext.asyncio only when an application asks for it.
+    if name == "AsyncQueue":
+        from .aio import AsyncQueue
+
+        return AsyncQueue
+    raise AttributeError(f"module 'readyq' has no attribute {name!r}")
+
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
+    "AsyncQueue",
     "TERMINAL",
     "TRANSITIONS",
     "Backoff",
