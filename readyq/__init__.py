@@ -36,9 +36,9 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
-    "AsyncQueue",
     "TERMINAL",
     "TRANSITIONS",
+    "AsyncQueue",
     "Backoff",
     "Budget",
     "Clock",

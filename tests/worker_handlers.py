@@ -27,7 +27,7 @@ def stall_first(ctx: readyq.JobContext, args: dict[str, Any]) -> dict[str, Any]:
 @handlers("pid-then-hang")
 def pid_then_hang(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     """Writes its process id to args['path'], then hangs."""
-    with open(args["path"], "w") as f:  # noqa: PTH123 -- plain file write in a child process
+    with open(args["path"], "w") as f:
         f.write(str(os.getpid()))
     time.sleep(120)
     return {}
