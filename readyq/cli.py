@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
+import sqlalchemy as sa
+
 from .errors import ReadyqError
 from .limits import Concurrency, Limit, RateLimit
 from .queue import Queue
@@ -187,4 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.fn(args))
     except ReadyqError as exc:
         print(f"readyq: {exc}", file=sys.stderr)
+        return 1
+    except sa.exc.DBAPIError as exc:
+        shown = sa.make_url(_url(args)).render_as_string(hide_password=True)
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        print(f"readyq: database error on {shown}: {reason}", file=sys.stderr)
         return 1
