@@ -94,6 +94,15 @@ TRANSITIONS: Mapping[str, Transition] = dict(
 del S
 
 
+def diagram() -> str:
+    """The state machine as a Mermaid diagram, generated from :data:`TRANSITIONS`."""
+    lines = ["stateDiagram-v2", "    [*] --> blocked", "    [*] --> ready", "    [*] --> waiting"]
+    for t in TRANSITIONS.values():
+        lines += [f"    {s.value} --> {t.target.value}: {t.name}" for s in sorted(t.sources)]
+    lines += [f"    {s.value} --> [*]" for s in sorted(TERMINAL)]
+    return "\n".join(lines)
+
+
 def allowed(source: JobState, target: JobState) -> bool:
     """Whether some transition takes ``source`` to ``target``."""
     return any(source in t.sources and t.target == target for t in TRANSITIONS.values())
