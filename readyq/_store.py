@@ -126,7 +126,11 @@ def claim(
         rows = list(conn.execute(upd.returning(*cols)).all())
     else:
         conn.execute(upd)
-        rows = list(conn.execute(sa.select(*cols).where(c.id.in_(picked))).all())
+        # Read back only what this UPDATE leased: correct even if a lock clause failed.
+        mine = sa.and_(
+            c.id.in_(picked), c.state == S.RUNNING, c.lease_owner == worker_id, c.started_us == now
+        )
+        rows = list(conn.execute(sa.select(*cols).where(mine)).all())
     order = {job_id: i for i, job_id in enumerate(picked)}
     rows.sort(key=lambda r: order[r.id])
     return [

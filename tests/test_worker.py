@@ -212,7 +212,7 @@ class TestLiveness:
             reclaim_every=0.05,
         )
         deadline = time.monotonic() + 20
-        while queue.get(job).state == S.RUNNING or queue.get(job).state == S.READY:
+        while queue.get(job).state in (S.RUNNING, S.READY) or w.running:
             assert time.monotonic() < deadline, "job was never timed out"
             w.tick()
             time.sleep(0.02)

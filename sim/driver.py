@@ -1,0 +1,390 @@
+"""The interleaver: N actors on real connections, one SQL statement at a time, seeded order.
+
+Each actor runs in a thread of its own, with engines of its own. Every statement, COMMIT and
+ROLLBACK the actor's engine is about to send goes through a SQLAlchemy event hook that hands
+the baton back to the scheduler and waits; the scheduler picks (from the ``schedule`` stream)
+which waiting actor goes next. Exactly one actor thread runs at any moment, so the database
+receives one deterministic, serial statement stream. Between statements, virtual time moves
+only when the scheduler moves it: by ``step_us`` per step, or, when every actor waits on
+virtual time, straight to the earliest wake-up.
+
+A statement that would wait on a lock held by a parked actor would hang the driver, so the
+sim's engines fail lock waits at once (SQLite ``timeout=0``, PostgreSQL ``lock_timeout``,
+MariaDB ``innodb_lock_wait_timeout = 0``, MySQL 1 s); a wall-clock watchdog stops the run if a
+statement still does not return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from random import Random
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import NullPool
+
+from readyq import dialects
+
+from .clock import VirtualClock
+
+__all__ = ["ActorCtx", "Crashed", "Driver", "DriverStuck", "Stopped", "backend_kind"]
+
+#: PostgreSQL: milliseconds a statement may wait for a lock before it fails (55P03).
+PG_LOCK_TIMEOUT_MS = 20
+
+
+class Crashed(BaseException):
+    """Raised inside an actor's statement hook to crash it.
+
+    A BaseException on purpose: SQLAlchemy treats it as an exit exception and invalidates the
+    connection (closing it), and readyq's retry loop, which catches DBAPIError, lets it pass.
+    """
+
+
+class Stopped(Exception):
+    """Raised from ``ActorCtx.sleep`` once the driver is stopping: the actor should exit."""
+
+
+class DriverStuck(RuntimeError):
+    """A statement did not return within the watchdog's wall-clock limit."""
+
+
+def backend_kind(url: str | sa.URL) -> str:
+    name = sa.make_url(url).get_backend_name()
+    return "mysql" if name in ("mysql", "mariadb") else name
+
+
+class ActorCtx:
+    """An actor's handle on the driver: virtual sleep, engines, and fault arming."""
+
+    def __init__(self, driver: Driver, name: str, fn: Callable[[ActorCtx], None]) -> None:
+        self.driver = driver
+        self.name = name
+        self.fn = fn
+        self.state = "time"  # time | stmt | running | done
+        self.wake_us = driver.clock.now_us()
+        self.sem = threading.Semaphore(0)
+        self.crashed = False
+        self.error: BaseException | None = None
+        #: Crash at this statement number of the current operation (1-based), if set.
+        self.crash_at: int | None = None
+        #: Kill the session just before the next COMMIT, if set.
+        self.drop_at_commit = False
+        self.stmt_count = 0
+        self.commit_step: int | None = None
+        self.last_statement = ""
+        self.engines: list[Engine] = []
+        self.thread = threading.Thread(target=self._main, name=f"sim-{name}", daemon=True)
+
+    # -- used by actor code -----------------------------------------------------------
+
+    @property
+    def now_us(self) -> int:
+        return self.driver.clock.now_us()
+
+    @property
+    def step(self) -> int:
+        return self.driver.step
+
+    def sleep(self, seconds: float) -> None:
+        self.sleep_until(self.now_us + max(0, round(seconds * 1e6)))
+
+    def sleep_until(self, wake_us: int) -> None:
+        self.wake_us = max(wake_us, self.now_us)
+        self._yield("time")
+        if self.driver.stopping:
+            raise Stopped
+
+    def begin_op(self) -> None:
+        """Call before each readyq operation: resets the statement counter and commit mark."""
+        self.stmt_count = 0
+        self.commit_step = None
+
+    def engine(self) -> Engine:
+        """A new engine on the run's database, hooked into the driver."""
+        eng = self.driver.make_engine(self)
+        self.engines.append(eng)
+        return eng
+
+    def dispose_engines(self) -> None:
+        while self.engines:
+            self.engines.pop().dispose()
+
+    # -- baton ------------------------------------------------------------------------
+
+    def _yield(self, state: str) -> None:
+        self.state = state
+        self.driver._back.release()
+        self.sem.acquire()
+
+    def _main(self) -> None:
+        self.sem.acquire()
+        try:
+            self.fn(self)
+        except Stopped:
+            pass
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.state = "done"
+            self.driver._back.release()
+
+    # -- hooks (run in this actor's thread, holding the baton) ------------------------
+
+    def _before(self, conn: Connection, statement: str, params: Any) -> None:
+        if self.crashed:
+            return
+        self.last_statement = statement
+        self._yield("stmt")
+        self.stmt_count += 1
+        if self.crash_at is not None and self.stmt_count >= self.crash_at:
+            self.crash_at = None
+            self.driver.kill(self, conn)
+            self.crashed = True
+            self.driver.record(self.name, "CRASH", f"at statement {self.stmt_count}")
+            raise Crashed(self.name)
+
+    def _commit(self, conn: Connection) -> None:
+        if self.crashed:
+            return
+        self.last_statement = "COMMIT"
+        self._yield("stmt")
+        self.commit_step = self.driver.step
+        self.driver.record(self.name, "COMMIT")
+        if self.drop_at_commit:
+            self.drop_at_commit = False
+            self.driver.kill(self, conn)
+            self.driver.record(self.name, "DROP", "before commit")
+
+    def _rollback(self, conn: Connection) -> None:
+        if self.crashed:
+            return
+        self.last_statement = "ROLLBACK"
+        self._yield("stmt")
+        self.driver.record(self.name, "ROLLBACK")
+
+
+class Driver:
+    """Owns the clock, the schedule stream, the digest and the actors."""
+
+    def __init__(
+        self,
+        url: str,
+        clock: VirtualClock,
+        schedule: Random,
+        *,
+        step_us: int = 1000,
+        watchdog: float = 20.0,
+    ) -> None:
+        self.url = url
+        self.kind = backend_kind(url)
+        self.clock = clock
+        self.schedule = schedule
+        self.step_us = step_us
+        self.watchdog = watchdog
+        self.step = 0
+        self.stopping = False
+        self.actors: list[ActorCtx] = []
+        self._back = threading.Semaphore(0)
+        self._digest = hashlib.blake2b(digest_size=16)
+        self.trace: list[str] = []
+        self.blocked: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.admin = _admin_engine(url)
+
+    # -- digest -----------------------------------------------------------------------
+
+    def record(self, actor: str, what: str, extra: str = "") -> None:
+        line = f"{self.step}|{actor}|{what}|{extra}"
+        self._digest.update(line.encode())
+        self.trace.append(line[:300])
+
+    @property
+    def digest(self) -> str:
+        return self._digest.hexdigest()
+
+    # -- engines ----------------------------------------------------------------------
+
+    def make_engine(self, ctx: ActorCtx) -> Engine:
+        kind = self.kind
+        kw: dict[str, Any] = {"pool_size": 1, "max_overflow": 0, "pool_timeout": self.watchdog}
+        if kind == "sqlite":
+            kw["connect_args"] = {"timeout": 0, "check_same_thread": False}
+        elif kind == "postgresql":
+            kw["connect_args"] = {"options": f"-c lock_timeout={PG_LOCK_TIMEOUT_MS}"}
+        elif kind == "mysql":
+            # MariaDB accepts 0 and fails a blocked statement at once; MySQL 8 clamps it to
+            # its minimum of 1 s (a blocked statement then costs a second of wall time).
+            kw["connect_args"] = {"init_command": "SET SESSION innodb_lock_wait_timeout = 0"}
+        eng = dialects.create_engine(self.url, **kw)
+
+        @event.listens_for(eng, "connect")
+        def _connect(dbapi_conn: Any, rec: Any) -> None:
+            if kind == "sqlite":
+                return
+            cur = dbapi_conn.cursor()
+            cur.execute(
+                "SELECT pg_backend_pid()" if kind == "postgresql" else "SELECT CONNECTION_ID()"
+            )
+            rec.info["backend_id"] = cur.fetchone()[0]
+            cur.close()
+            dbapi_conn.rollback()
+
+        @event.listens_for(eng, "before_cursor_execute")
+        def _before(  # noqa: PLR0917 -- SQLAlchemy's event signature
+            conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool
+        ) -> None:
+            ctx._before(conn, statement, params)
+
+        @event.listens_for(eng, "after_cursor_execute")
+        def _after(  # noqa: PLR0917 -- SQLAlchemy's event signature
+            conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool
+        ) -> None:
+            if not ctx.crashed:
+                self.record(ctx.name, statement, f"{_params(params)}|{cursor.rowcount}")
+
+        @event.listens_for(eng, "handle_error")
+        def _error(exc_ctx: Any) -> None:
+            if ctx.crashed or isinstance(exc_ctx.original_exception, Crashed):
+                return
+            err = type(exc_ctx.original_exception).__name__
+            text = str(exc_ctx.original_exception).lower()
+            if "lock" in text and ("timeout" in text or "locked" in text or "wait" in text):
+                self.blocked[_kind_of(exc_ctx.statement)] += 1
+            self.errors[err] += 1
+            self.record(ctx.name, exc_ctx.statement or "", f"{_params(exc_ctx.parameters)}|!{err}")
+
+        event.listen(eng, "commit", ctx._commit)
+        event.listen(eng, "rollback", ctx._rollback)
+        return eng
+
+    def kill(self, ctx: ActorCtx, conn: Connection) -> None:
+        """End ``ctx``'s database session as a crash would (from an admin connection)."""
+        if self.kind == "sqlite":
+            # No server session to kill: closing the file handle mid-transaction rolls it
+            # back and releases the write lock, as the process dying would.
+            conn.connection.dbapi_connection.close()  # type: ignore[union-attr]
+            return
+        backend_id = conn.connection.info.get("backend_id")
+        if backend_id is None:
+            return
+        with self.admin.connect() as admin:
+            if self.kind == "postgresql":
+                admin.execute(
+                    sa.text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": backend_id}
+                )
+                return
+            admin.exec_driver_sql(f"KILL CONNECTION {int(backend_id)}")
+            for _ in range(5000):  # KILL returns before the session is gone: wait for it
+                gone = admin.execute(
+                    sa.text("SELECT COUNT(*) FROM information_schema.processlist WHERE id = :i"),
+                    {"i": backend_id},
+                ).scalar()
+                if not gone:
+                    return
+                time.sleep(0.001)
+
+    # -- actors and the schedule ------------------------------------------------------
+
+    def spawn(self, name: str, fn: Callable[[ActorCtx], None]) -> ActorCtx:
+        ctx = ActorCtx(self, name, fn)
+        self.actors.append(ctx)
+        ctx.thread.start()
+        return ctx
+
+    def run(
+        self,
+        *,
+        max_steps: int,
+        until: Callable[[], bool] | None = None,
+        check_every_us: int = 1_000_000,
+        deadline_us: int | None = None,
+    ) -> str:
+        """Schedule until ``until()`` holds, the step budget or deadline runs out, or all end.
+
+        Returns why it stopped: ``until``, ``steps``, ``deadline`` or ``idle``.
+        """
+        limit = self.step + max_steps
+        next_check = self.clock.now_us()
+        while True:
+            now = self.clock.now_us()
+            if until is not None and now >= next_check:
+                next_check = now + check_every_us
+                if until():
+                    return "until"
+            if self.step >= limit:
+                return "steps"
+            if deadline_us is not None and now > deadline_us:
+                return "deadline"
+            runnable = [
+                a
+                for a in self.actors
+                if a.state == "stmt" or (a.state == "time" and a.wake_us <= now)
+            ]
+            if not runnable:
+                sleeping = [a.wake_us for a in self.actors if a.state == "time"]
+                if not sleeping:
+                    return "idle"
+                wake = min(sleeping)
+                if until is not None:
+                    wake = min(wake, max(next_check, now))
+                self.clock.set(max(wake, now))
+                continue
+            actor = (
+                runnable[self.schedule.randrange(len(runnable))]
+                if len(runnable) > 1
+                else runnable[0]
+            )
+            self.step += 1
+            if actor.state == "time":
+                self.record(actor.name, "WAKE")
+            self._grant(actor)
+            self.clock.advance(self.step_us / 1e6)
+
+    def _grant(self, actor: ActorCtx) -> None:
+        actor.state = "running"
+        actor.sem.release()
+        if not self._back.acquire(timeout=self.watchdog):
+            raise DriverStuck(
+                f"actor {actor.name} did not yield within {self.watchdog:g}s wall time; "
+                f"last statement: {actor.last_statement[:200]!r}"
+            )
+
+    def stop(self) -> None:
+        """Let every actor run to its next sleep and exit (they see ``Stopped``)."""
+        self.stopping = True
+        for _ in range(100_000):
+            live = [a for a in self.actors if a.state != "done"]
+            if not live:
+                break
+            for a in live:
+                if a.state in ("time", "stmt"):
+                    self.step += 1
+                    self._grant(a)
+        for a in self.actors:
+            a.thread.join(timeout=self.watchdog)
+            a.dispose_engines()
+
+    def close(self) -> None:
+        self.admin.dispose()
+
+
+def _params(params: Any) -> str:
+    return repr(params)[:2000]
+
+
+def _kind_of(statement: str | None) -> str:
+    return (statement or "?").split(None, 1)[0].upper() if statement else "?"
+
+
+def _admin_engine(url: str) -> Engine:
+    eng = sa.create_engine(url, poolclass=NullPool)
+    if backend_kind(url) == "postgresql":
+        return eng.execution_options(isolation_level="AUTOCOMMIT")
+    return eng

@@ -1,0 +1,169 @@
+"""Deliberately broken variants of readyq's behaviour, for proving the simulator catches bugs.
+
+They live in test code only. Each is a ``Hooks`` for ``readyq_sim.run.run`` and/or a patch
+of a ``readyq._store`` function, applied by the test through pytest's ``monkeypatch``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from readyq_sim.world import Hooks
+from sqlalchemy.engine import Connection, Engine
+
+import readyq
+from readyq import _store, dialects
+from readyq.job import Lease, decode_payload
+from readyq.schema import jobs
+
+c = jobs.c
+
+
+def _with_adapter(engine: Engine, clock: Any, **overrides: Any) -> readyq.Queue:
+    """A Queue whose adapter is a subclass of the real one with ``overrides`` methods."""
+    q = readyq.Queue(engine, clock)
+    real = dialects.for_engine(engine)
+    broken = type(f"Broken{type(real).__name__}", (type(real),), overrides)(real.server_version)
+    q._adapter = broken
+    q._engine = broken.prepare_engine(engine)
+    return q
+
+
+def no_locking() -> Hooks:
+    """Claims without row locks (FOR UPDATE SKIP LOCKED dropped; no BEGIN IMMEDIATE)."""
+
+    def make(engine: Engine, clock: Any) -> readyq.Queue:
+        return _with_adapter(
+            engine,
+            clock,
+            lock_claimable=lambda self, stmt: stmt,
+            begin_write=lambda self, conn: None,
+        )
+
+    return Hooks(make_queue=make)
+
+
+def unguarded_claim(monkeypatch: Any) -> Hooks:
+    """No row locks and no ``state = 'ready'`` re-check in the claim UPDATE."""
+    real_guard = _store._guard
+    monkeypatch.setattr(
+        _store, "_guard", lambda name: sa.true() if name == "claim" else real_guard(name)
+    )
+    return no_locking()
+
+
+def sqlite_deferred() -> Hooks:
+    """SQLite write transactions without BEGIN IMMEDIATE (deferred)."""
+
+    def make(engine: Engine, clock: Any) -> readyq.Queue:
+        return _with_adapter(engine, clock, begin_write=lambda self, conn: None)
+
+    return Hooks(make_queue=make)
+
+
+class _TwoTransactionClaim(readyq.Queue):
+    """The seed's claim: pick ready ids in one transaction, update them by id in another."""
+
+    def claim(
+        self,
+        worker_id: str,
+        *,
+        ttl: float = 30.0,
+        limit: int = 1,
+        groups: Sequence[str] | None = None,
+    ) -> list[Lease]:
+        def pick(conn: Connection, ad: Any, now: int) -> list[int]:
+            stmt = (
+                sa.select(c.id)
+                .where(c.state == "ready", c.run_after_us <= now)
+                .order_by(c.priority, c.run_after_us, c.id)
+                .limit(limit)
+            )
+            return list(conn.execute(stmt).scalars())
+
+        picked = self._write(pick)
+        if not picked:
+            return []
+        ttl_us = round(ttl * 1e6)
+
+        def take(conn: Connection, ad: Any, now: int) -> list[Lease]:
+            conn.execute(
+                sa.update(jobs)
+                .where(c.id.in_(picked))
+                .values(
+                    state="running",
+                    lease_token=c.lease_token + 1,
+                    lease_owner=worker_id,
+                    lease_expires_us=now + ttl_us,
+                    heartbeat_us=now,
+                    started_us=now,
+                    attempts=c.attempts + 1,
+                )
+            )
+            rows = conn.execute(sa.select(jobs).where(c.id.in_(picked)).order_by(c.id)).all()
+            return [
+                Lease(
+                    job_id=r.id,
+                    token=r.lease_token,
+                    type=r.type,
+                    args=decode_payload(r.args) or {},
+                    worker_id=worker_id,
+                    group=r.group_key,
+                    attempt=r.attempts,
+                    max_attempts=r.max_attempts,
+                    expires_us=now + ttl_us,
+                    deadline_us=r.deadline_us,
+                )
+                for r in rows
+            ]
+
+        return self._write(take)
+
+
+def two_transaction_claim() -> Hooks:
+    return Hooks(make_queue=_TwoTransactionClaim)
+
+
+def unfenced_finalize(monkeypatch: Any) -> Hooks:
+    """finalize() that updates by job id only: it adopts whatever token the row has now."""
+    real = _store.finalize
+
+    def finalize(conn: Connection, ad: Any, lease: Lease, result: str, *, now: int) -> Any:
+        current = conn.execute(
+            sa.select(c.lease_token, c.state).where(c.id == lease.job_id)
+        ).first()
+        if current is not None and current.state == "running":
+            lease = dataclasses.replace(lease, token=current.lease_token)
+        return real(conn, ad, lease, result, now=now)
+
+    monkeypatch.setattr(_store, "finalize", finalize)
+    return Hooks()
+
+
+def reclaim_live_leases(monkeypatch: Any, ahead: float = 15.0) -> Hooks:
+    """A sweeper that thinks it is ``ahead`` seconds later: it reclaims leases still live."""
+    real = _store.reclaim
+
+    def reclaim(conn: Connection, ad: Any, *, now: int, batch: int) -> Any:
+        return real(conn, ad, now=now + round(ahead * 1e6), batch=batch)
+
+    monkeypatch.setattr(_store, "reclaim", reclaim)
+    return Hooks()
+
+
+def seed_fair_share() -> Hooks:
+    """The seed's fair_share: max(1, round(free * w / W)) slots per group, then truncated."""
+    from readyq.fairshare import GroupDemand
+
+    def fair_share(groups: Sequence[Any], free: int) -> list[str]:
+        live = [g for g in groups if g.ready > 0]
+        total = sum(g.weight for g in live)
+        out: list[str] = []
+        for g in live:
+            out += [g.name] * max(1, round(free * g.weight / total))
+        return out[:free]
+
+    return Hooks(fair_share=fair_share, group_demand=GroupDemand)

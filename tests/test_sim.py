@@ -1,0 +1,198 @@
+"""The simulator: fixed seeds pass every checker on every backend, runs replay exactly, and
+deliberately broken variants of readyq (tests/sim_broken.py) are caught."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+try:
+    import sim_broken as broken
+except ImportError:  # pragma: no cover - tests/ imported as a package
+    from tests import sim_broken as broken
+
+from readyq_sim.checkers import Check, check_all
+from readyq_sim.cli import main
+from readyq_sim.clock import DEFAULT_START_US
+from readyq_sim.config import scenario
+from readyq_sim.run import RunResult, run
+from readyq_sim.world import Hooks
+
+pytestmark = pytest.mark.backend
+
+#: The fixed seed set CI runs per backend (default scenario, swarm faults from the seed).
+SEEDS = (1, 2)
+#: A broken variant must be caught within this many seeds.
+BUDGET = (1, 2, 3)
+
+
+def _server(backend: Any) -> str | None:
+    """The URL the simulator gets: it makes a fresh database of its own on that server."""
+    return None if backend.name == "sqlite" else backend.url
+
+
+def _checks(res: RunResult) -> list[Check]:
+    return check_all(res.world, res.final, res.live)
+
+
+def _failed(checks: list[Check]) -> dict[str, str | None]:
+    return {c.name: c.first for c in checks if c.ok is False}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_default_scenario_passes_every_checker(backend: Any, seed: int) -> None:
+    """A faulty default run (swarm faults) ends quiet with every checker green."""
+    res = run(scenario("default", seed), _server(backend))
+    assert res.stuck is None
+    assert not res.actor_errors
+    assert _failed(_checks(res)) == {}
+    assert res.live
+
+
+@pytest.mark.slow
+def test_fencing_scenario_passes_and_exercises_fencing(backend: Any) -> None:
+    """Paused workers come back to LeaseLost, never to an accepted stale write."""
+    res = run(scenario("fencing", 1), _server(backend))
+    checks = {c.name: c for c in _checks(res)}
+    assert _failed(list(checks.values())) == {}
+    assert checks["fencing"].counts["stale_rejected"] > 0
+    assert res.world.faults["pause"] > 0
+
+
+def test_fair_share_scenario_stays_within_its_lag_bound(backend: Any) -> None:
+    """Saturated tenants 1/1/8 get their weighted share within workers * limit + 1 slots."""
+    res = run(scenario("fair-share", 1), _server(backend))
+    fair = next(c for c in _checks(res) if c.name == "fair-share")
+    assert fair.ok is True, fair.first
+    assert fair.counts["window"] > 50
+
+
+def test_same_seed_gives_the_same_digest(backend: Any) -> None:
+    """Two runs of one seed on fresh databases send the same statement stream."""
+    cfg = scenario("default", 2).with_(jobs=30)
+    first, second = run(cfg, _server(backend)), run(cfg, _server(backend))
+    assert (first.steps, first.digest) == (second.steps, second.digest)
+
+
+def test_different_seeds_give_different_schedules(backend: Any) -> None:
+    """The digest depends on the seed (it is not trivially constant)."""
+    a = run(scenario("quiet", 1).with_(jobs=15), _server(backend))
+    b = run(scenario("quiet", 2).with_(jobs=15), _server(backend))
+    assert a.digest != b.digest
+
+
+def _caught(
+    backend: Any, name: str, make: Callable[[], Hooks], seeds: tuple[int, ...] = BUDGET
+) -> tuple[int, dict[str, str | None]]:
+    """The first seed of ``seeds`` on which scenario ``name`` fails a checker, and how."""
+    for seed in seeds:
+        failed = _failed(_checks(run(scenario(name, seed), _server(backend), make())))
+        if failed:
+            return seed, failed
+    return 0, {}
+
+
+class TestBrokenVariantsAreCaught:
+    @pytest.mark.slow
+    def test_two_transaction_claim_is_double_dispatch(self, backend: Any) -> None:
+        """Picking ids in one transaction and taking them in another dispatches twice."""
+        seed, failed = _caught(backend, "quiet", broken.two_transaction_claim)
+        assert "no-double-dispatch" in failed, f"seed {seed} of {BUDGET}: {failed}"
+
+    @pytest.mark.slow
+    def test_unfenced_finalize_accepts_stale_tokens(
+        self, backend: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A finalize by job id alone lets a paused worker overwrite the new holder."""
+        seed, failed = _caught(backend, "fencing", lambda: broken.unfenced_finalize(monkeypatch))
+        assert "fencing" in failed, f"seed {seed} of {BUDGET}: {failed}"
+
+    @pytest.mark.slow
+    def test_reclaiming_live_leases_is_caught(
+        self, backend: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A sweeper that reclaims before expiry takes leases from live workers."""
+        seed, failed = _caught(backend, "quiet", lambda: broken.reclaim_live_leases(monkeypatch))
+        assert {"reclaim-not-early", "no-double-dispatch"} & set(failed), f"seed {seed}: {failed}"
+
+    def test_seed_fair_share_breaks_the_lag_bound(self, backend: Any) -> None:
+        """The seed's rounding fair_share serves 1/1/8 tenants far from 10/10/80."""
+        seed, failed = _caught(backend, "fair-share", broken.seed_fair_share, seeds=(1,))
+        assert "fair-share" in failed, f"seed {seed}: {failed}"
+
+    def test_claim_without_locks_or_state_guard_is_double_dispatch(
+        self, backend: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Dropping the lock clause and the UPDATE's state re-check hands one job to two."""
+        seed, failed = _caught(backend, "quiet", lambda: broken.unguarded_claim(monkeypatch))
+        assert {"tokens", "no-double-dispatch"} & set(failed), f"seed {seed}: {failed}"
+
+
+def test_claim_without_locks_only_loses_races(backend: Any) -> None:
+    """The guarded UPDATE (and the filtered read-back) keep a lock-less claim exclusive:
+    SKIP LOCKED buys throughput, the state re-check buys safety."""
+    res = run(scenario("quiet", 1), _server(backend), broken.no_locking())
+    assert _failed(_checks(res)) == {}
+
+
+def test_sqlite_without_begin_immediate_stays_correct(backend: Any) -> None:
+    """Deferred SQLite claims only lose races: the guarded UPDATE keeps them exclusive."""
+    if backend.name != "sqlite":
+        pytest.skip("SQLite only")
+    res = run(scenario("quiet", 1), None, broken.sqlite_deferred())
+    assert _failed(_checks(res)) == {}
+
+
+def test_readyq_reads_no_system_clock_during_a_run(backend: Any) -> None:
+    """With wall time frozen in 2001, every timestamp readyq wrote is virtual (2026 on)."""
+    if backend.name != "sqlite":
+        pytest.skip("one backend is enough for the tripwire")
+    with freeze_time("2001-01-01"):
+        res = run(scenario("default", 1).with_(jobs=20), None)
+    stamps = [
+        row[k]
+        for row in res.final.values()
+        for k in ("created_us", "started_us", "finished_us")
+        if row[k] is not None
+    ]
+    assert stamps
+    assert min(stamps) >= DEFAULT_START_US
+    assert _failed(_checks(res)) == {}
+
+
+def test_cli_default_run_reports_and_exits_zero(
+    backend: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`readyq sim --seed 1` prints checkers and a replay line, writes JSON, exits 0."""
+    if backend.name != "sqlite":
+        pytest.skip("the CLI is exercised once, on SQLite")
+    out = tmp_path / "report.json"
+    md = tmp_path / "report.md"
+    assert main(["--seed", "1", "--jobs", "20", "--json", str(out), "--markdown", str(md)]) == 0
+    text = capsys.readouterr().out
+    assert "replay: python -m readyq_sim --seed 1" in text
+    assert "PASS  no-double-dispatch" in text
+    rep = json.loads(out.read_text())
+    assert rep["ok"]
+    assert {c["verdict"] for c in rep["checks"]} <= {"PASS", "n/a"}
+    assert "| checker | verdict |" in md.read_text()
+
+
+def test_cli_check_determinism_compares_two_runs(
+    backend: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--check-determinism runs the seed twice and reports the same digest."""
+    if backend.name != "sqlite":
+        pytest.skip("the CLI is exercised once, on SQLite")
+    assert main(["--seed", "4", "--jobs", "15", "--check-determinism", "-q"]) == 0
+    assert "PASS seed 4" in capsys.readouterr().out
+
+
+def test_cli_rejects_an_unknown_fault_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt --faults kind is a usage error (exit 2), not a silent no-fault run."""
+    assert main(["--faults", "crash,gremlins"]) == 2
+    assert "gremlins" in capsys.readouterr().err
