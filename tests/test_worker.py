@@ -199,6 +199,34 @@ class TestLimits:
         assert started == 21
 
 
+class TestSlots:
+    def test_slot_of_a_lost_lease_is_released_exactly_once(self, queue: readyq.Queue) -> None:
+        """Cancelling a running job frees its slot once: at LeaseLost, not again at return."""
+        release = threading.Event()
+        job = queue.enqueue("wait")
+        limit = Concurrency(1)
+        w = Worker(
+            queue,
+            {"wait": lambda ctx, args: release.wait(30) and None},
+            limits=[limit],
+            lease_ttl=1,
+            heartbeat_every=0.01,
+        )
+        w.tick()
+        assert limit.held == 1
+        queue.cancel(job)
+        time.sleep(0.02)
+        w.heartbeat_due()  # finds the lease gone
+        held_after_loss = limit.held
+        release.set()
+        settle_deadline = time.monotonic() + 10
+        while any(t.is_alive() for t in threading.enumerate() if t.name == f"readyq-job-{job}"):
+            assert time.monotonic() < settle_deadline
+            time.sleep(0.01)
+        w.tick()
+        assert (held_after_loss, limit.held, w.running) == (0, 0, 0)
+
+
 class TestLiveness:
     def test_hung_handler_is_timed_out_while_heart_beating(self, queue: readyq.Queue) -> None:
         """A handler past its job's timeout is abandoned and the job fails, heartbeats or not."""
