@@ -17,11 +17,12 @@ from .errors import (
 )
 from .fairshare import GroupDemand, fair_share
 from .graph import DEFAULT_MAX_ATTEMPTS, Graph, JobHandle
+from .handlers import Handlers, JobContext
 from .job import TERMINAL, TRANSITIONS, JobInfo, JobState, Lease, Outcome, Transition
 from .limits import Budget, Concurrency, Limit, RateLimit
 from .queue import Queue
 from .retry import Backoff
-from .worker import Handlers, JobContext, TickReport, Worker
+from .worker import TickReport, Worker
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,7 @@ def __getattr__(name: str) -> object:
 
         return AsyncQueue
     raise AttributeError(f"module 'readyq' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",

@@ -14,9 +14,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ._dag import after_terminal
+from ._guards import LEASE_CLEARED as _LEASE_CLEARED
+from ._guards import cut as _cut
+from ._guards import guard as _guard
 from .dialects import Adapter
-from .errors import InvalidJob, LeaseLost, UnknownJob
-from .job import MAX_ERROR_CHARS, TERMINAL, TRANSITIONS, JobState, Lease, Outcome, decode_payload
+from .errors import LeaseLost
+from .job import TERMINAL, TRANSITIONS, JobState, Lease, Outcome, decode_payload
 from .schema import deps, jobs
 
 __all__: list[str] = []
@@ -24,21 +28,6 @@ __all__: list[str] = []
 S = JobState
 T = TRANSITIONS
 c = jobs.c
-
-_LEASE_CLEARED: dict[str, Any] = {
-    "lease_owner": None,
-    "lease_expires_us": None,
-    "deadline_us": None,
-}
-
-
-def _guard(name: str) -> sa.ColumnElement[bool]:
-    """``state IN (sources of transition name)``."""
-    return c.state.in_(sorted(T[name].sources))
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -360,225 +349,6 @@ def reclaim(conn: Connection, ad: Adapter, *, now: int, batch: int) -> ReclaimCo
                 counts["failed"] += 1
                 after_terminal(conn, ad, [(row.id, S.FAILED, row.parent_id)], now=now)
     return ReclaimCounts(**counts)
-
-
-# -- the DAG and containers -----------------------------------------------------------
-
-
-def after_terminal(
-    conn: Connection, ad: Adapter, settled: list[tuple[int, JobState, int | None]], *, now: int
-) -> None:
-    """Consequences of jobs reaching a terminal state, in the same transaction.
-
-    DONE promotes dependents whose last open dependency this was (an atomic counter
-    decrement: the child's row lock serializes parents finishing together, NOTES 9).
-    FAILED/CANCELLED cancels dependents, transitively. Either way the parent container's
-    open-children counter drops, and the last child rolls the container up.
-    """
-    work = list(settled)
-    while work:
-        job_id, state, parent = work.pop()
-        conn.execute(ad.lock_terminal(sa.select(c.id).where(c.id == job_id)))
-        waiting = sa.select(deps.c.job_id).where(deps.c.depends_on == job_id)
-        dependents = sorted(conn.execute(waiting).scalars())
-        if dependents and state == S.DONE:
-            conn.execute(
-                sa.update(jobs).where(c.id.in_(dependents)).values(pending_deps=c.pending_deps - 1)
-            )
-            conn.execute(
-                sa.update(jobs)
-                .where(c.id.in_(dependents), _guard("promote"), c.pending_deps == 0)
-                .values(state=T["promote"].target)
-            )
-        elif dependents:
-            reason = f"cancelled: dependency {job_id} ended {state.value}"
-            work += cancel_rows(conn, ad, dependents, reason=reason, by=job_id, now=now)
-        if parent is not None:
-            work += _rollup(conn, ad, parent, now=now)
-
-
-def _rollup(
-    conn: Connection, ad: Adapter, container: int, *, now: int
-) -> list[tuple[int, JobState, int | None]]:
-    r = conn.execute(
-        sa.update(jobs)
-        .where(c.id == container, c.state == S.WAITING)
-        .values(open_children=c.open_children - 1)
-    )
-    if r.rowcount != 1:
-        return []  # the container itself was cancelled meanwhile
-    row = conn.execute(sa.select(c.open_children, c.parent_id).where(c.id == container)).one()
-    if row.open_children > 0:
-        return []
-    bad = conn.execute(
-        sa.select(sa.func.count(), sa.func.min(c.id)).where(
-            c.parent_id == container, c.state != S.DONE
-        )
-    ).one()
-    name = "rollup_failed" if bad[0] else "rollup_done"
-    values: dict[str, Any] = {"state": T[name].target, "finished_us": now}
-    if bad[0]:
-        values["error"] = f"{bad[0]} child job(s) did not succeed (first: job {bad[1]})"
-    conn.execute(sa.update(jobs).where(c.id == container, _guard(name)).values(values))
-    return [(container, T[name].target, row.parent_id)]
-
-
-def cancel_rows(
-    conn: Connection, ad: Adapter, ids: Sequence[int], *, reason: str, by: int | None, now: int
-) -> list[tuple[int, JobState, int | None]]:
-    """Cancel the non-terminal jobs among ``ids`` and, for containers, their descendants."""
-    out: list[tuple[int, JobState, int | None]] = []
-    todo = sorted(set(ids))
-    cause: int | sa.ColumnElement[Any] | None = by
-    while todo:
-        rows = conn.execute(
-            ad.lock_update(
-                sa.select(c.id, c.parent_id, c.container)
-                .where(c.id.in_(todo), _guard("cancel"))
-                .order_by(c.id)
-            )
-        ).all()
-        if not rows:
-            break
-        hit = [r.id for r in rows]
-        conn.execute(
-            sa.update(jobs)
-            .where(c.id.in_(hit), _guard("cancel"))
-            .values(
-                state=T["cancel"].target,
-                error=_cut(reason),
-                cancelled_by=cause,
-                finished_us=now,
-                **_LEASE_CLEARED,
-            )
-        )
-        # Children of a cancelled container go with it; their roll-up into it is moot.
-        out += [(r.id, S.CANCELLED, r.parent_id) for r in rows]
-        boxes = [r.id for r in rows if r.container]
-        todo = []
-        if boxes:
-            todo = sorted(conn.execute(sa.select(c.id).where(c.parent_id.in_(boxes))).scalars())
-            reason = "cancelled with its container"
-            cause = c.parent_id  # retrying the container revives them
-    return out
-
-
-def cancel(conn: Connection, ad: Adapter, job_id: int, *, now: int) -> bool:
-    """Cancel a job (a container with everything inside it); False if already terminal."""
-    if conn.execute(sa.select(c.id).where(c.id == job_id)).first() is None:
-        raise UnknownJob(f"job {job_id} does not exist", job_id)
-    done = cancel_rows(conn, ad, [job_id], reason="cancelled by request", by=None, now=now)
-    after_terminal(conn, ad, done, now=now)
-    return bool(done)
-
-
-def retry(conn: Connection, ad: Adapter, job_id: int, *, now: int) -> bool:
-    """FAILED/CANCELLED -> READY (or BLOCKED/WAITING), with what its failure cancelled.
-
-    Revives the job, every job cancelled because of it (dependents, transitively, and a
-    container's contents), a container's failed children, and reopens failed containers
-    above it. Returns False when the job is not failed or cancelled.
-    """
-    row = conn.execute(ad.lock_update(sa.select(c.state).where(c.id == job_id))).first()
-    if row is None:
-        raise UnknownJob(f"job {job_id} does not exist", job_id)
-    if row.state not in T["retry"].sources:
-        return False
-    revive: dict[int, Any] = {}
-    reopen: dict[int, int] = {}  # container id -> children coming back into it
-    todo = [job_id]
-    while todo:
-        x = todo.pop()
-        if x in revive:
-            continue
-        r = conn.execute(
-            ad.lock_update(
-                sa.select(c.id, c.state, c.parent_id, c.container, c.pending_deps).where(c.id == x)
-            )
-        ).one()
-        if r.state not in T["retry"].sources:
-            continue
-        revive[x] = r
-        todo += conn.execute(
-            sa.select(c.id).where(c.cancelled_by == x, c.state == S.CANCELLED)
-        ).scalars()
-        if r.container:
-            todo += conn.execute(
-                sa.select(c.id).where(c.parent_id == x, c.state == S.FAILED)
-            ).scalars()
-        parent = r.parent_id
-        while parent is not None and parent not in revive:
-            p = conn.execute(
-                ad.lock_update(sa.select(c.state, c.parent_id).where(c.id == parent))
-            ).one()
-            if p.state == S.CANCELLED:
-                raise InvalidJob(
-                    f"job {x} is inside container {parent}, which is cancelled: "
-                    f"retry container {parent} instead"
-                )
-            first = parent not in reopen
-            reopen[parent] = reopen.get(parent, 0) + 1
-            if p.state != S.FAILED or not first:
-                break
-            # A failed container reopens, and so do the jobs its failure cancelled.
-            todo += conn.execute(
-                sa.select(c.id).where(c.cancelled_by == parent, c.state == S.CANCELLED)
-            ).scalars()
-            parent = p.parent_id
-    for x in sorted(revive):
-        r = revive[x]
-        if r.container:
-            name = "retry_container"
-        elif r.pending_deps > 0:
-            name = "retry_blocked"
-        else:
-            name = "retry"
-        conn.execute(
-            sa.update(jobs)
-            .where(c.id == x, _guard(name))
-            .values(
-                state=T[name].target,
-                attempts=0,
-                error=None,
-                cancelled_by=None,
-                result=None,
-                finished_us=None,
-                run_after_us=now,
-                **_LEASE_CLEARED,
-            )
-        )
-        if r.container:
-            back = sum(1 for y in revive.values() if y.parent_id == x)
-            conn.execute(sa.update(jobs).where(c.id == x).values(open_children=back))
-    for box, n in sorted(reopen.items()):
-        if box in revive:
-            continue
-        conn.execute(
-            sa.update(jobs)
-            .where(c.id == box)
-            .values(
-                state=S.WAITING, open_children=c.open_children + n, error=None, finished_us=None
-            )
-        )
-    # A revived job may still wait on another failed or cancelled job: cancel it again,
-    # so that nothing is left blocked forever.
-    stuck = conn.execute(
-        sa.select(deps.c.job_id, sa.func.min(deps.c.depends_on))
-        .join(jobs, jobs.c.id == deps.c.depends_on)
-        .where(deps.c.job_id.in_(sorted(revive)), c.state.in_([S.FAILED, S.CANCELLED]))
-        .group_by(deps.c.job_id)
-    ).all()
-    for dependent, blocker in stuck:
-        again = cancel_rows(
-            conn,
-            ad,
-            [dependent],
-            reason=f"cancelled: dependency {blocker} is not done",
-            by=blocker,
-            now=now,
-        )
-        after_terminal(conn, ad, again, now=now)
-    return True
 
 
 def prune(conn: Connection, *, before: int, batch: int, after_id: int) -> tuple[int, int | None]:

@@ -21,9 +21,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from .errors import ReadyqError
+from .handlers import Handlers
 from .limits import Concurrency, Limit, RateLimit
 from .queue import Queue
-from .worker import Handlers, Worker
+from .worker import Worker
 
 __all__ = ["main"]
 

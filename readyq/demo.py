@@ -7,9 +7,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .handlers import Handlers, JobContext
 from .limits import Concurrency
 from .queue import Queue
-from .worker import Handlers, JobContext, Worker
+from .worker import Worker
 
 __all__ = ["run_demo"]
 

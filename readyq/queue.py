@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from . import _store, dialects
+from . import _dag, _store, dialects
 from .clock import Clock, SystemClock, from_us
 from .errors import InvalidJob, SchemaNotInstalled, UnknownJob
 from .graph import DEFAULT_MAX_ATTEMPTS, Graph, Ref
@@ -290,16 +290,14 @@ class Queue:
         A running job's lease is retired: its worker's next write gets LeaseLost.
         Returns False if the job had already finished.
         """
-        return self._write(lambda conn, ad, now: _store.cancel(conn, ad, job_id, now=now))
+        return self._write(lambda conn, ad, now: _dag.cancel(conn, ad, job_id, now=now))
 
     def retry(self, job_id: int) -> bool:
         """Run a failed or cancelled job again, with everything its failure cancelled.
 
         Attempts start over. Returns False if the job is not failed or cancelled.
         """
-        return self._write(
-            lambda conn, ad, now: _store.retry(conn, ad, job_id, now=now), notify=bool
-        )
+        return self._write(lambda conn, ad, now: _dag.retry(conn, ad, job_id, now=now), notify=bool)
 
     # -- leases -----------------------------------------------------------------------
 

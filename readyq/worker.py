@@ -19,85 +19,15 @@ from typing import Any
 from . import _process, _store
 from .errors import InvalidJob, LeaseLost, ReadyqError
 from .fairshare import GroupDemand, fair_share
+from .handlers import Handler, Handlers, JobContext
 from .job import Lease, encode_payload
 from .limits import Concurrency, Limit
 from .queue import Queue
 
-__all__ = ["Handlers", "JobContext", "TickReport", "Worker"]
+__all__ = ["TickReport", "Worker"]
 
 log = logging.getLogger("readyq")
-Handler = Callable[["JobContext", dict[str, Any]], "dict[str, Any] | None"]
 Hook = Callable[[str, dict[str, Any]], None]
-
-
-class Handlers:
-    """A registry of handlers by job type: ``@handlers("fetch") def fetch(ctx, args): ...``."""
-
-    def __init__(self, mapping: Mapping[str, Handler] | None = None) -> None:
-        self._by_type: dict[str, Handler] = {}
-        for name, fn in (mapping or {}).items():
-            self.add(name, fn)
-
-    def add(self, type_: str, fn: Handler) -> Handler:
-        if not isinstance(type_, str) or not type_:
-            raise InvalidJob("a handler's job type must be a non-empty string")
-        if not callable(fn):
-            raise InvalidJob(f"the handler for {type_!r} is not callable")
-        self._by_type[type_] = fn
-        return fn
-
-    def __call__(self, type_: str) -> Callable[[Handler], Handler]:
-        return lambda fn: self.add(type_, fn)
-
-    def get(self, type_: str) -> Handler | None:
-        return self._by_type.get(type_)
-
-    def __contains__(self, type_: object) -> bool:
-        return type_ in self._by_type
-
-    def types(self) -> list[str]:
-        return sorted(self._by_type)
-
-
-@dataclass
-class JobContext:
-    """What a handler knows about its run. Check ``lost`` in long loops and stop when set."""
-
-    lease: Lease
-    _queue: Queue = field(repr=False)
-    _ttl: float = field(repr=False)
-    lost: threading.Event = field(default_factory=threading.Event)
-    reason: str | None = None
-
-    @property
-    def job_id(self) -> int:
-        return self.lease.job_id
-
-    @property
-    def attempt(self) -> int:
-        return self.lease.attempt
-
-    @property
-    def token(self) -> int:
-        return self.lease.token
-
-    @property
-    def idempotency_key(self) -> str:
-        """Stable per (job, lease): key external side effects with it."""
-        return self.lease.idempotency_key
-
-    def heartbeat(self) -> None:
-        """Renew the lease now (the worker also does so every ``heartbeat_every``)."""
-        try:
-            self._queue.heartbeat(self.lease, ttl=self._ttl)
-        except LeaseLost:
-            self.lose("lease lost")
-            raise
-
-    def lose(self, reason: str) -> None:
-        if not self.lost.is_set():
-            self.reason = reason
-            self.lost.set()
 
 
 @dataclass

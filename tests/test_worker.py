@@ -411,13 +411,15 @@ class TestProcessExecutor:
         import worker_handlers
 
         pid_file = tmp_path / "pid"
-        job = queue.enqueue("pid-then-hang", {"path": str(pid_file)}, timeout=1.0, max_attempts=1)
+        # The timeout leaves a loaded machine time to spawn the child and write its pid.
+        job = queue.enqueue("pid-then-hang", {"path": str(pid_file)}, timeout=5.0, max_attempts=1)
         w = Worker(queue, worker_handlers.handlers, executor="process", reclaim_every=0.1)
         deadline = time.monotonic() + 60
         while queue.get(job).state in (S.READY, S.RUNNING) or w.running:
             assert time.monotonic() < deadline, "the hung job was never timed out"
             w.tick()
             time.sleep(0.05)
+        assert pid_file.exists(), "the handler process never started within its timeout"
         pid = int(pid_file.read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
