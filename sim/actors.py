@@ -20,6 +20,7 @@ from readyq import JobState, Lease, LeaseLost
 from readyq.schema import jobs as jobs_table
 
 from .driver import ActorCtx, Crashed
+from .history import Event
 from .workload import Batch
 from .world import ActorClock, JobRecord, World
 
@@ -40,6 +41,8 @@ class Actor:
         self.rng = world.streams[f"faults:{ctx.name}"]
         self.clock = ActorClock(world.clock)
         self.q = world.make_queue(ctx.engine(), self.clock)
+        #: The ok/fail/info event of the last :meth:`op` (safe with many threads).
+        self.ev: Event
 
     def reconnect(self) -> None:
         self.ctx.dispose_engines()
@@ -47,8 +50,7 @@ class Actor:
 
     def chance(self, kind: str) -> bool:
         """Whether fault ``kind`` strikes now (always draws, so the stream stays aligned)."""
-        roll = self.rng.random()
-        return self.world.faults_active and roll < self.cfg.faults.p.get(kind, 0.0)
+        return self.world.chance(self.ctx.name, self.rng, kind)
 
     def op(
         self,
@@ -68,14 +70,16 @@ class Actor:
         try:
             result = call()
         except LeaseLost as exc:
-            log(ctx.name, "fail", f, self.clock.last_us, job=job, token=token, error="LeaseLost")
+            self.ev = log(
+                ctx.name, "fail", f, self.clock.last_us, job=job, token=token, error="LeaseLost"
+            )
             return "lost", exc
         except Crashed:
             log(ctx.name, "fail", f, ctx.now_us, job=job, token=token, error="crashed")
             raise
         except Exception as exc:
             maybe = ctx.commit_step is not None and not uncommitted_on_error
-            log(
+            self.ev = log(
                 ctx.name,
                 "info" if maybe else "fail",
                 f,
@@ -86,7 +90,7 @@ class Actor:
             )
             return "error", exc
         kind = "info" if pretend_lost else "ok"
-        log(
+        self.ev = log(
             ctx.name, kind, f, self.clock.last_us, job=job, token=token, commit_step=ctx.commit_step
         )
         return "ok", result
@@ -106,8 +110,9 @@ class Worker(Actor):
         self.worker_id = worker_id
         self.held: dict[int, Held] = {}
         if self.chance("skew"):
-            h = self.cfg.heartbeat
-            self.clock.offset_us = round(self.rng.uniform(-h, h) * 1e6)
+            h, fixed = self.cfg.heartbeat, self.cfg.skew_s
+            skew = self.rng.uniform(-h, h) if fixed is None else self.rng.choice((-fixed, fixed))
+            self.clock.offset_us = round(skew * 1e6)
             world.fault("skew", ctx.name, ctx.now_us, offset_s=self.clock.offset_us / 1e6)
 
     def run(self) -> None:
@@ -170,7 +175,7 @@ class Worker(Actor):
         self.ctx.crash_at = None
         if status != "ok" or not isinstance(got, list):
             return []
-        ev = self.world.history.events[-1]
+        ev = self.ev
         ev.detail["limit"] = free
         ev.detail["leases"] = [
             (ls.job_id, ls.token, ls.attempt, ls.expires_us, ls.deadline_us, ls.group) for ls in got
@@ -193,9 +198,8 @@ class Worker(Actor):
             leases = [(h.lease.job_id, h.lease.token) for h in self.held.values()]
             self.world.fault("crash", ctx.name, ctx.now_us, mode="while working", leases=leases)
             raise _Restart
-        if self.chance("pause"):
-            lo, hi = self.cfg.pause_ttl
-            pause = round(self.cfg.ttl * self.rng.uniform(lo, hi), 3)
+        pause = self.pause()
+        if pause > 0:
             leases = [(h.lease.job_id, h.lease.token) for h in self.held.values()]
             self.world.fault("pause", ctx.name, ctx.now_us, seconds=pause, leases=leases)
             ctx.sleep(pause)
@@ -207,6 +211,19 @@ class Worker(Actor):
                 self.finish_step(h)
             elif h.next_hb_us <= ctx.now_us:
                 self.heartbeat_step(h)
+
+    def pause(self) -> float:
+        """Seconds to stop for now (0: no pause), from the configured pause distribution."""
+        cfg = self.cfg
+        if cfg.pause_dist == "none" or not self.chance("pause"):
+            return 0.0
+        if cfg.pause_dist == "exp":
+            return round(self.rng.expovariate(1 / cfg.pause_mean), 6)
+        if cfg.pause_dist == "heavy":
+            # Lomax (Pareto II) with alpha 1.5: mean = scale / (alpha - 1) = pause_mean.
+            return round(cfg.pause_mean * 0.5 * (self.rng.paretovariate(1.5) - 1), 6)
+        lo, hi = cfg.pause_ttl
+        return round(cfg.ttl * self.rng.uniform(lo, hi), 3)
 
     def heartbeat_step(self, h: Held) -> None:
         ctx, ls = self.ctx, h.lease
@@ -221,7 +238,7 @@ class Worker(Actor):
             token=ls.token,
         )
         if status == "ok":
-            self.world.history.events[-1].detail["expires"] = got
+            self.ev.detail["expires"] = got
         elif status == "lost":
             del self.held[ls.job_id]
 
@@ -253,10 +270,10 @@ class Worker(Actor):
         ctx.crash_at, ctx.drop_at_commit = None, False
         if status == "ok" and lost_reply:
             self.world.fault("drop_after_commit", ctx.name, ctx.now_us, job=ls.job_id)
-            self.world.history.events[-1].detail["state"] = getattr(got, "state", None)
+            self.ev.detail["state"] = getattr(got, "state", None)
             status, got = self.op(f, call, job=ls.job_id, token=ls.token, retry_of="info")
         if status == "ok" and isinstance(got, readyq.Outcome):
-            ev = self.world.history.events[-1]
+            ev = self.ev
             ev.detail["state"] = got.state.value
             ev.detail["replayed"] = got.replayed
             del self.held[ls.job_id]
@@ -291,7 +308,7 @@ def sweeper(world: World) -> Callable[[ActorCtx], None]:
             ctx.sleep(world.cfg.sweep_interval)
             status, got = actor.op("sweep", lambda: actor.q.sweep(batch=10_000))
             if status == "ok" and not isinstance(got, BaseException):
-                ev = world.history.events[-1]
+                ev = actor.ev
                 ev.detail.update(expired=got.expired, timed_out=got.timed_out, failed=got.failed)
 
     return run
@@ -310,7 +327,7 @@ def enqueuer(world: World, batches: list[Batch]) -> Callable[[ActorCtx], None]:
 
                 status, got = actor.op("enqueue", call, batch=b.index)
                 if status == "ok" and isinstance(got, list):
-                    _register(world, b, got, world.history.events[-1].commit_step, ctx)
+                    _register(world, b, got, actor.ev.commit_step, ctx)
                     break
                 ctx.sleep(world.cfg.poll)
         world.enqueuer_done = True

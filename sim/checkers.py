@@ -113,8 +113,8 @@ class _Replay:
         self.causes: Counter[str] = Counter()
         self.rejected = self.replays = 0
         self.latencies: list[float] = []
-        self.slack_us = round((cfg.sweep_interval + 2 * cfg.poll + 1.0) * 1e6)
-        self.hang_slack_us = round((cfg.sweep_interval + cfg.heartbeat + 1.0) * 1e6)
+        self.slack_us = round((cfg.sweep_interval + 2 * cfg.poll + cfg.slack_s) * 1e6)
+        self.hang_slack_us = round((cfg.sweep_interval + cfg.heartbeat + cfg.slack_s) * 1e6)
         self.spec = {j: r.spec for j, r in world.jobs.items()}
 
     def feed(self, e: Event) -> None:

@@ -88,6 +88,17 @@ class SimConfig:
     faults: FaultPlan = field(default_factory=FaultPlan.none)
     #: Pause length as a multiple of the TTL.
     pause_ttl: tuple[float, float] = (1.5, 3.0)
+    #: How pauses are drawn: ``ttl`` (uniform ``pause_ttl`` x TTL, per ``p["pause"]``), or,
+    #: at every wake-up with probability ``p["pause"]``: ``none``, ``exp`` (exponential with
+    #: mean ``pause_mean``), ``heavy`` (Lomax/Pareto II, alpha 1.5, mean ``pause_mean``).
+    pause_dist: str = "ttl"
+    pause_mean: float = 0.0
+    #: Clock skew of a skewed worker: None draws uniform(-h, h); a number is +/- that.
+    skew_s: float | None = None
+    #: Virtual seconds of slack the timing checkers allow on top of the sweep interval.
+    slack_s: float = 1.0
+    #: Virtual seconds between checks that the run went quiet (each is a query).
+    quiet_check_s: float = 1.0
     #: Virtual seconds after healing within which the run must go quiet.
     liveness_budget: float = 600.0
     #: Wall seconds a statement may take before the driver declares itself stuck.
@@ -101,6 +112,24 @@ class SimConfig:
         out["faults"] = dict(self.faults.p)
         out["tenants"] = {t.name: t.weight for t in self.tenants}
         return out
+
+    @staticmethod
+    def from_description(d: dict[str, object]) -> SimConfig:
+        """The inverse of :meth:`describe` (for traces written to disk)."""
+        known = {f.name for f in dataclasses.fields(SimConfig)}
+        kw: dict[str, object] = {k: v for k, v in d.items() if k in known}
+        faults = kw.pop("faults", {})
+        tenants = kw.pop("tenants", {})
+        if not isinstance(faults, dict) or not isinstance(tenants, dict):
+            raise ValueError("a config description has faults and tenants as mappings")
+        for k in ("pause_ttl",):
+            if isinstance(kw.get(k), list):
+                kw[k] = tuple(kw[k])  # type: ignore[arg-type]
+        return SimConfig(
+            faults=FaultPlan({str(k): float(v) for k, v in faults.items()}),
+            tenants=tuple(Tenant(str(k), float(v)) for k, v in tenants.items()),
+            **kw,  # type: ignore[arg-type]
+        )
 
 
 def _default(seed: int, kinds: tuple[str, ...] | None) -> SimConfig:

@@ -194,6 +194,14 @@ class Driver:
         self._back = threading.Semaphore(0)
         self._digest = hashlib.blake2b(digest_size=16)
         self.trace: list[str] = []
+        #: The actor picked at every scheduling decision (the trace's decision list).
+        self.decisions: list[str] = []
+        #: Replay: follow these picks instead of the schedule stream; after the last one,
+        #: run actors serially (the last one on while it has statements), so that a shrunk
+        #: prefix is the only interleaving in the run.
+        self.script: list[str] | None = None
+        self.diverged = 0
+        self._last: ActorCtx | None = None
         self.blocked: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.admin = _admin_engine(url)
@@ -211,17 +219,23 @@ class Driver:
 
     # -- engines ----------------------------------------------------------------------
 
+    def connect_args(self) -> dict[str, Any]:
+        """Driver arguments that make a lock wait fail at once (the actor is parked)."""
+        if self.kind == "sqlite":
+            return {"timeout": 0, "check_same_thread": False}
+        if self.kind == "postgresql":
+            return {"options": f"-c lock_timeout={PG_LOCK_TIMEOUT_MS}"}
+        if self.kind == "mysql":
+            # MariaDB accepts 0 and fails a blocked statement at once; MySQL 8 clamps it to
+            # its minimum of 1 s (a blocked statement then costs a second of wall time).
+            return {"init_command": "SET SESSION innodb_lock_wait_timeout = 0"}
+        return {}
+
     def make_engine(self, ctx: ActorCtx) -> Engine:
         kind = self.kind
         kw: dict[str, Any] = {"pool_size": 1, "max_overflow": 0, "pool_timeout": self.watchdog}
-        if kind == "sqlite":
-            kw["connect_args"] = {"timeout": 0, "check_same_thread": False}
-        elif kind == "postgresql":
-            kw["connect_args"] = {"options": f"-c lock_timeout={PG_LOCK_TIMEOUT_MS}"}
-        elif kind == "mysql":
-            # MariaDB accepts 0 and fails a blocked statement at once; MySQL 8 clamps it to
-            # its minimum of 1 s (a blocked statement then costs a second of wall time).
-            kw["connect_args"] = {"init_command": "SET SESSION innodb_lock_wait_timeout = 0"}
+        if self.connect_args():
+            kw["connect_args"] = self.connect_args()
         eng = dialects.create_engine(self.url, **kw)
 
         @event.listens_for(eng, "connect")
@@ -336,16 +350,34 @@ class Driver:
                     wake = min(wake, max(next_check, now))
                 self.clock.set(max(wake, now))
                 continue
-            actor = (
-                runnable[self.schedule.randrange(len(runnable))]
-                if len(runnable) > 1
-                else runnable[0]
-            )
+            actor = self._pick(runnable)
             self.step += 1
             if actor.state == "time":
                 self.record(actor.name, "WAKE")
             self._grant(actor)
             self.clock.advance(self.step_us / 1e6)
+
+    def _pick(self, runnable: list[ActorCtx]) -> ActorCtx:
+        n = len(self.decisions)
+        if self.script is None:
+            i = self.schedule.randrange(len(runnable)) if len(runnable) > 1 else 0
+            actor = runnable[i]
+        elif n < len(self.script):
+            named = [a for a in runnable if a.name == self.script[n]]
+            if not named:
+                self.diverged += 1
+            actor = named[0] if named else self._serial(runnable)
+        else:
+            actor = self._serial(runnable)
+        self.decisions.append(actor.name)
+        self._last = actor
+        return actor
+
+    def _serial(self, runnable: list[ActorCtx]) -> ActorCtx:
+        last = self._last
+        if last is not None and last.state == "stmt" and last in runnable:
+            return last
+        return runnable[0]
 
     def _grant(self, actor: ActorCtx) -> None:
         actor.state = "running"

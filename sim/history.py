@@ -7,6 +7,7 @@ the interleaved mode the commit steps are a total order of committed transaction
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ class Event:
 class History:
     def __init__(self) -> None:
         self.events: list[Event] = []
+        self._lock = threading.Lock()  # stress mode: actors append from many threads
 
     def add(
         self,
@@ -74,8 +76,10 @@ class History:
         commit_step: int | None = None,
         **detail: Any,
     ) -> Event:
-        ev = Event(len(self.events), step, actor, type, f, now_us, job, token, commit_step, detail)
-        self.events.append(ev)
+        with self._lock:
+            i = len(self.events)
+            ev = Event(i, step, actor, type, f, now_us, job, token, commit_step, detail)
+            self.events.append(ev)
         return ev
 
     def of_job(self, job: int) -> list[Event]:

@@ -13,7 +13,7 @@ from .checkers import Check
 from .config import FAULT_KINDS
 from .run import RunResult
 
-__all__ = ["build", "markdown", "replay_command", "text"]
+__all__ = ["build", "markdown", "recovery_latencies", "replay_command", "text"]
 
 
 def replay_command(res: RunResult, url: str | None) -> str:
@@ -27,7 +27,7 @@ def replay_command(res: RunResult, url: str | None) -> str:
     return " ".join(shlex.quote(c) for c in cmd)
 
 
-def _recovery(res: RunResult) -> dict[str, Any]:
+def recovery_latencies(res: RunResult) -> list[float]:
     """Virtual seconds from a crash to the next claim of each job the crash left leased."""
     events = res.world.history.events
     out: list[float] = []
@@ -40,6 +40,11 @@ def _recovery(res: RunResult) -> dict[str, Any]:
                         if hit and hit[0][1] > token:
                             out.append((later.now_us - e.now_us) / 1e6)
                             break
+    return out
+
+
+def _recovery(res: RunResult) -> dict[str, Any]:
+    out = recovery_latencies(res)
     if not out:
         return {"crashes_with_leases": 0}
     return {

@@ -9,11 +9,12 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 
 import readyq
@@ -101,8 +102,8 @@ def _install(url: str, clock: VirtualClock) -> str:
         return f"{q.adapter.product} {version}"
 
 
-def _open_jobs(url: str) -> int:
-    eng = sa.create_engine(url, poolclass=NullPool)
+def _open_jobs(url: str | Engine) -> int:
+    eng = sa.create_engine(url, poolclass=NullPool) if isinstance(url, str) else url
     try:
         with eng.connect() as conn:
             c = jobs_table.c
@@ -112,7 +113,8 @@ def _open_jobs(url: str) -> int:
                 or 0
             )
     finally:
-        eng.dispose()
+        if isinstance(url, str):
+            eng.dispose()
 
 
 def _final_read(url: str) -> dict[int, dict[str, Any]]:
@@ -125,16 +127,33 @@ def _final_read(url: str) -> dict[int, dict[str, Any]]:
         eng.dispose()
 
 
-def run(cfg: SimConfig, url: str | None = None, hooks: Hooks | None = None) -> RunResult:
-    """Run ``cfg`` on a fresh database on ``url``'s server (default: a temporary SQLite)."""
+def run(
+    cfg: SimConfig,
+    url: str | None = None,
+    hooks: Hooks | None = None,
+    *,
+    script: Sequence[str] | None = None,
+    fault_script: dict[tuple[str, int], str] | None = None,
+) -> RunResult:
+    """Run ``cfg`` on a fresh database on ``url``'s server (default: a temporary SQLite).
+
+    ``script``/``fault_script``: replay recorded decisions instead of drawing them from the
+    seed (see :mod:`readyq_sim.shrink`).
+    """
     with fresh_database(url) as db_url, warnings.catch_warnings():
         # Killed sessions make SQLAlchemy warn while it discards them; that is the point.
         warnings.simplefilter("ignore", sa.exc.SAWarning)
         warnings.simplefilter("ignore", ResourceWarning)
-        return _run(cfg, db_url, hooks or Hooks())
+        return _run(cfg, db_url, hooks or Hooks(), script, fault_script)
 
 
-def _run(cfg: SimConfig, url: str, hooks: Hooks) -> RunResult:
+def _run(
+    cfg: SimConfig,
+    url: str,
+    hooks: Hooks,
+    script: Sequence[str] | None = None,
+    fault_script: dict[tuple[str, int], str] | None = None,
+) -> RunResult:
     started = time.perf_counter()
     clock = VirtualClock()
     start_us = clock.now_us()
@@ -142,20 +161,26 @@ def _run(cfg: SimConfig, url: str, hooks: Hooks) -> RunResult:
     streams = Streams(cfg.seed)
     driver = Driver(url, clock, streams["schedule"], step_us=cfg.step_us, watchdog=cfg.watchdog)
     world = World(cfg, clock, streams, driver, hooks)
+    if script is not None:
+        driver.script = list(script)
+    world.fault_script = fault_script
     batches = make_workload(cfg, streams["workload"])
     driver.spawn("enqueuer", enqueuer(world, batches))
     driver.spawn("sweeper", sweeper(world))
     for i in range(cfg.workers):
         driver.spawn(f"w{i + 1}", worker(world))
 
+    probe = sa.create_engine(url, pool_size=1)  # one pooled connection for every quiet check
+
     def quiet() -> bool:
-        return world.enqueuer_done and _open_jobs(url) == 0
+        return world.enqueuer_done and _open_jobs(probe) == 0
 
     phases: dict[str, str] = {}
     stuck: str | None = None
     live = False
     try:
-        phases["faults"] = driver.run(max_steps=cfg.steps, until=quiet)
+        every = round(cfg.quiet_check_s * 1e6)
+        phases["faults"] = driver.run(max_steps=cfg.steps, until=quiet, check_every_us=every)
         world.faults_active = False
         world.heal_us = clock.now_us()
         world.log("driver", "note", "heal", clock.now_us())
@@ -165,7 +190,7 @@ def _run(cfg: SimConfig, url: str, hooks: Hooks) -> RunResult:
         else:
             deadline = clock.now_us() + round(cfg.liveness_budget * 1e6)
             phases["liveness"] = driver.run(
-                max_steps=10**9, until=quiet, deadline_us=deadline, check_every_us=250_000
+                max_steps=10**9, until=quiet, deadline_us=deadline, check_every_us=every // 4
             )
             live = phases["liveness"] == "until"
     except DriverStuck as exc:
@@ -175,6 +200,7 @@ def _run(cfg: SimConfig, url: str, hooks: Hooks) -> RunResult:
         if stuck is None:
             driver.stop()
         driver.close()
+        probe.dispose()
     errors = {a.name: repr(a.error) for a in driver.actors if a.error is not None}
     final = _final_read(url)
     return RunResult(

@@ -6,6 +6,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from random import Random
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -15,7 +16,7 @@ import readyq
 from .clock import VirtualClock
 from .config import SimConfig
 from .driver import Driver
-from .history import History
+from .history import Event, History
 from .rng import Streams
 from .workload import JobSpec
 
@@ -84,6 +85,12 @@ class World:
     ranker: Ranker | None = None
     demand: type | None = None
     heal_us: int | None = None
+    #: Replay: fault decisions to follow, ``(actor, n) -> kind`` for the n-th chance the
+    #: actor rolled (0-based); None draws them from the seed.
+    fault_script: dict[tuple[str, int], str] | None = None
+    #: Every fault decision that came out "yes", as ``(actor, n, kind)``.
+    fired: list[tuple[str, int, str]] = field(default_factory=list)
+    chances: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.ranker, self.demand = self.hooks.fair_share, self.hooks.group_demand
@@ -106,8 +113,23 @@ class World:
             return self.hooks.make_queue(engine, clock)
         return readyq.Queue(engine, clock)
 
-    def log(self, actor: str, type: str, f: str, now_us: int, **kw: Any) -> None:
-        self.history.add(self.driver.step, actor, type, f, now_us, **kw)
+    def log(self, actor: str, type: str, f: str, now_us: int, **kw: Any) -> Event:
+        return self.history.add(self.driver.step, actor, type, f, now_us, **kw)
+
+    def chance(self, actor: str, rng: Random, kind: str) -> bool:
+        """Whether fault ``kind`` strikes ``actor`` now; always draws, so streams stay aligned."""
+        roll = rng.random()
+        n = self.chances[actor]
+        self.chances[actor] += 1
+        if not self.faults_active:
+            return False
+        if self.fault_script is not None:
+            hit = self.fault_script.get((actor, n)) == kind
+        else:
+            hit = roll < self.cfg.faults.p.get(kind, 0.0)
+        if hit:
+            self.fired.append((actor, n, kind))
+        return hit
 
     def fault(self, kind: str, actor: str, now_us: int, **kw: Any) -> None:
         self.faults[kind] += 1

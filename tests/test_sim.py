@@ -196,3 +196,29 @@ def test_cli_rejects_an_unknown_fault_kind(capsys: pytest.CaptureFixture[str]) -
     """A misspelt --faults kind is a usage error (exit 2), not a silent no-fault run."""
     assert main(["--faults", "crash,gremlins"]) == 2
     assert "gremlins" in capsys.readouterr().err
+
+
+def test_ttl_sweep_low_ratio_with_lagging_clocks_reclaims_live_leases_but_never_double_commits(
+    backend: Any,
+) -> None:
+    """L/h = 1.5 with pauses and +/-h skew: live leases are reclaimed, fencing still holds."""
+    if backend.name != "sqlite":
+        pytest.skip("the experiment runs on SQLite")
+    from readyq_sim import ttl
+
+    row = ttl.measure(ttl.Cell(1.5, "exp", 1), seeds=(1,))
+    assert row.false_reclaims > 0
+    assert (row.double_commits, row.checker_failures) == (0, 0)
+
+
+def test_ttl_sweep_default_ratio_without_pauses_recovers_within_the_band(backend: Any) -> None:
+    """L/h = 3, no pauses or skew: no false reclaim, every crash reclaimed in [L-h, L+S]."""
+    if backend.name != "sqlite":
+        pytest.skip("the experiment runs on SQLite")
+    from readyq_sim import ttl
+
+    d = ttl.measure(ttl.Cell(3.0, "none", 0), seeds=(1,)).as_dict()
+    assert d["false_reclaims"] == 0
+    assert d["recovery_n"] > 0
+    assert d["recovery_in_band"] == d["recovery_n"]
+    assert "| L/h |" in ttl.markdown([ttl.measure(ttl.Cell(8.0, "none", 0), seeds=())])

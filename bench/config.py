@@ -1,0 +1,82 @@
+"""Sizes of one bench run: the full defaults, and ``--quick`` (a CI smoke of seconds)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Config"]
+
+
+@dataclass
+class Config:
+    url: str | None = None
+    repeat: int = 3
+    quick: bool = False
+    #: Jobs pre-enqueued per drain measurement.
+    jobs: int = 2000
+    workers: list[int] = field(default_factory=lambda: [1, 4, 8, 32])
+    modes: list[str] = field(default_factory=lambda: ["thread", "process"])
+    #: Worker counts of the process mode (None: the same as ``workers``).
+    process_workers: list[int] | None = None
+    #: Claim ``limit`` values of the raw drain (1 = one job per claim).
+    limits: list[int] = field(default_factory=lambda: [1, 10])
+    #: Workers of the ``readyq.Worker`` (fair share) variant, threads.
+    fair_workers: list[int] = field(default_factory=lambda: [1, 8])
+    fair_groups: int = 10
+    #: Seconds each reference client runs per repetition.
+    ref_seconds: float = 1.0
+    enqueue_single: int = 300
+    enqueue_batches: dict[int, int] = field(default_factory=lambda: {100: 10, 1000: 3})
+    dag_graphs: int = 4
+    latency_samples: int = 200
+    latency_gap: float = 0.01
+    poll_interval: float = 0.005
+    finished_sizes: list[int] = field(default_factory=lambda: [1000, 100_000, 1_000_000])
+    blocked_sizes: list[int] = field(default_factory=lambda: [100_000])
+    scaling_claims: int = 100
+    cost_jobs: int = 500
+    #: Seconds for PostgreSQL backends to publish their counters (they flush at exit).
+    stats_wait: float = 0.5
+    profile: bool = False
+    profile_jobs: int = 1000
+    profile_top: int = 20
+
+    @classmethod
+    def quick_defaults(cls) -> Config:
+        return cls(
+            repeat=1,
+            quick=True,
+            jobs=40,
+            workers=[1, 4, 8],
+            process_workers=[2],
+            fair_workers=[4],
+            ref_seconds=0.1,
+            enqueue_single=20,
+            enqueue_batches={100: 1, 1000: 1},
+            dag_graphs=1,
+            latency_samples=15,
+            finished_sizes=[100, 1000],
+            blocked_sizes=[1000],
+            scaling_claims=15,
+            cost_jobs=40,
+            stats_wait=0.3,
+            profile_jobs=100,
+        )
+
+    def counts(self, mode: str) -> list[int]:
+        """Worker counts measured in ``mode``."""
+        if mode == "process" and self.process_workers is not None:
+            return self.process_workers
+        return self.workers
+
+    @property
+    def warm_jobs(self) -> int:
+        """Jobs of the discarded warm-up drain before each configuration."""
+        return max(10, self.jobs // 10)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["enqueue_batches"] = {str(k): v for k, v in self.enqueue_batches.items()}
+        out.pop("url")
+        return out

@@ -1,0 +1,162 @@
+"""The measured loops, one per client: run in threads or in spawned processes alike.
+
+Every loop connects first, then waits at a barrier with its siblings, so connection set-up
+and process start-up are never timed. Each returns a plain dict (picklable) with how many
+units it did and the wall-clock (``time.time``, comparable across processes) of its first
+and last unit; the caller takes the union of the windows.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+
+import readyq
+from readyq import dialects
+
+from .db import REF_ROWS, REF_TABLE
+
+__all__ = ["drain_loop", "reference_loop", "warm_imports", "worker_loop"]
+
+Result = dict[str, Any]
+
+
+class Barrier(Protocol):
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def _guard(fn: Callable[[], Result]) -> Result:
+    try:
+        return fn()
+    except Exception:  # reported to the parent, which fails the measurement loudly
+        return {"error": traceback.format_exc()}
+
+
+def warm_imports() -> int:
+    """A no-op task that makes a fresh process import everything the loops need."""
+    return 0
+
+
+def reference_engine(url: str) -> tuple[sa.Engine, dialects.Adapter]:
+    """An engine with readyq's connection settings, the isolation level set per connection.
+
+    Same driver, connect arguments (SQLite's busy timeout) and isolation level as readyq's
+    engine, but the level is set once when the connection opens: the reference is the
+    cheapest durable write on these settings, not a copy of readyq's per-checkout costs.
+    """
+    parsed = sa.make_url(url)
+    cls = dialects.adapter_class(
+        "mariadb"
+        if parsed.get_backend_name() in ("mysql", "mariadb")
+        else parsed.get_backend_name()
+    )
+    options = cls.engine_options(parsed)
+    if cls.isolation_level is not None:
+        options["isolation_level"] = cls.isolation_level
+    engine = sa.create_engine(parsed, **options)
+    return engine, dialects.for_engine(engine)
+
+
+def reference_loop(url: str, client: int, clients: int, seconds: float, barrier: Barrier) -> Result:
+    """The simplest durable write: one-row ``UPDATE ... WHERE id = :id`` and a commit.
+
+    One connection per client, held for the whole run; the first statement of each
+    transaction is readyq's (``BEGIN IMMEDIATE`` on SQLite); each client its own rows.
+    """
+
+    def run() -> Result:
+        engine, ad = reference_engine(url)
+        stmt = sa.text(f"UPDATE {REF_TABLE} SET n = n + 1 WHERE id = :id")
+        ids = list(range(client, REF_ROWS, clients))
+        try:
+            with engine.connect() as conn:
+                conn.rollback()  # connected before the clock starts
+                barrier.wait(120)
+                first = time.time()
+                deadline = first + seconds
+                n = 0
+                while True:
+                    with conn.begin():
+                        ad.begin_write(conn)
+                        conn.execute(stmt, {"id": ids[n % len(ids)]})
+                    n += 1
+                    last = time.time()
+                    if last >= deadline:
+                        break
+        finally:
+            engine.dispose()
+        return {"count": n, "first": first, "last": last}
+
+    return _guard(run)
+
+
+def drain_loop(url: str, worker_id: str, limit: int, barrier: Barrier) -> Result:
+    """The raw drain: ``claim(limit)`` then ``finalize`` each lease, until a claim is empty."""
+
+    def run() -> Result:
+        q = readyq.Queue(url)
+        try:
+            q.counts()  # connects and resolves the adapter before the clock starts
+            barrier.wait(120)
+            first: float | None = None
+            last = 0.0
+            n = claims = 0
+            while True:
+                t = time.time()
+                leases = q.claim(worker_id, ttl=120, limit=limit)
+                claims += 1
+                if not leases:
+                    break
+                if first is None:
+                    first = t
+                for lease in leases:
+                    q.finalize(lease, None)
+                n += len(leases)
+                last = time.time()
+        finally:
+            q.close()
+        return {"count": n, "first": first, "last": last, "claims": claims}
+
+    return _guard(run)
+
+
+def _noop(ctx: readyq.JobContext, args: dict[str, Any]) -> None:
+    return None
+
+
+def worker_loop(url: str, worker_id: str, slots: int, poll: float, barrier: Barrier) -> Result:
+    """``readyq.Worker`` (scan, fair-share ranking, claim, a thread per job, persist)."""
+
+    def run() -> Result:
+        q = readyq.Queue(url)
+        window: dict[str, float] = {}
+        done = [0]
+
+        def hook(event: str, fields: dict[str, Any]) -> None:
+            if event == "claim":
+                window.setdefault("first", time.time())
+            elif event == "finalize":
+                window["last"] = time.time()
+                done[0] += 1
+
+        try:
+            q.counts()
+            worker = readyq.Worker(
+                q,
+                {"noop": _noop},
+                worker_id=worker_id,
+                limits=[readyq.Concurrency(slots)],
+                poll_interval=poll,
+                hooks=[hook],
+            )
+            barrier.wait(120)
+            worker.run(until_idle=True)
+        finally:
+            q.close()
+        return {"count": done[0], "first": window.get("first"), "last": window.get("last", 0.0)}
+
+    return _guard(run)

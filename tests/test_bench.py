@@ -1,0 +1,142 @@
+"""`readyq bench --quick` runs on every backend and reports every section (a smoke test).
+
+Speed is measured by the bench, never asserted here: these tests only check that each
+section ran, produced positive figures, and left no database of its own behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+pytestmark = pytest.mark.backend
+
+SECTIONS = ("meta", "reference", "enqueue", "drain", "latency", "scaling", "write_cost")
+
+
+# One bench run per backend, shared by the tests below (a run takes seconds, not millis).
+_RUNS: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture
+def quick_result(backend: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The JSON of one `readyq bench --quick` run against the backend's server."""
+    from readyq_bench.cli import main
+
+    if backend.name not in _RUNS:
+        out = tmp_path_factory.mktemp("bench") / "bench.json"
+        argv = ["--quick", "--json", str(out)]
+        if backend.name != "sqlite":  # SQLite: the bench's own temporary file
+            argv += ["--url", backend.url]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(argv) == 0
+        result: dict[str, Any] = json.loads(out.read_text())
+        result["_stdout"] = printed.getvalue()
+        _RUNS[backend.name] = result
+    return _RUNS[backend.name]
+
+
+def _positive(stats: dict[str, Any]) -> bool:
+    return all(stats[k] > 0 for k in ("median", "min", "max"))
+
+
+def test_quick_bench_reports_every_section(quick_result: dict[str, Any]) -> None:
+    """The JSON has the meta data and every measured section."""
+    assert all(quick_result.get(name) for name in SECTIONS), sorted(quick_result)
+    assert quick_result["meta"]["config"]["quick"] is True
+
+
+def test_reference_rates_are_positive_per_client_count(quick_result: dict[str, Any]) -> None:
+    """The reference transaction rate is measured for one client and each worker count."""
+    ref = quick_result["reference"]
+    assert {"1", "4", "8"} <= set(ref["thread"])
+    assert ref["process"]
+    assert all(_positive(s) for by in ref.values() for s in by.values())
+
+
+def test_enqueue_rates_and_ratios_are_positive(quick_result: dict[str, Any]) -> None:
+    """Single, batched (100 and 1,000) and DAG enqueues each have a rate and a ratio."""
+    enq = quick_result["enqueue"]
+    for kind in ("single", "batch_100", "batch_1000", "dag"):
+        assert _positive(enq[kind]), kind
+        assert enq[kind]["ratio"] > 0, kind
+
+
+def test_drain_covers_workers_modes_limits_and_the_fair_worker(
+    quick_result: dict[str, Any],
+) -> None:
+    """Raw drains in threads and processes, limit 1 and batched, plus readyq.Worker."""
+    rows = quick_result["drain"]
+    raw = {(r["mode"], r["workers"], r["limit"]) for r in rows if r["runner"] == "raw"}
+    assert {("thread", w, lim) for w in (1, 4, 8) for lim in (1, 10)} <= raw
+    assert any(mode == "process" for mode, _, _ in raw)
+    assert any(r["runner"] == "worker" and r["groups"] == 10 for r in rows)
+    assert all(_positive(r["jobs_per_s"]) and r["ratio"] > 0 for r in rows)
+
+
+def test_latency_percentiles_are_ordered(quick_result: dict[str, Any]) -> None:
+    """Polling latency has p50 <= p95 <= p99, all positive (LISTEN too on PostgreSQL)."""
+    lat = quick_result["latency"]
+    blocks = [lat["polling"]] + ([lat["listen_notify"]] if "listen_notify" in lat else [])
+    if quick_result["meta"]["backend"] == "postgresql":
+        assert len(blocks) == 2
+    for block in blocks:
+        p50, p95, p99 = (block[k]["median"] for k in ("p50_ms", "p95_ms", "p99_ms"))
+        assert 0 < p50 <= p95 <= p99
+
+
+def test_scaling_reports_finished_and_blocked_ratios(quick_result: dict[str, Any]) -> None:
+    """Claim latency per filler size, with the largest/smallest ratio, for both kinds."""
+    scaling = quick_result["scaling"]
+    for kind in ("finished", "blocked"):
+        sizes = scaling[kind]["sizes"]
+        assert len(sizes) >= 2
+        assert all(_positive(s["claim_finalize_ms"]) for s in sizes.values())
+        assert scaling[kind]["ratio_largest_smallest"] > 0
+
+
+def test_write_cost_counts_statements_and_transactions(quick_result: dict[str, Any]) -> None:
+    """Per phase: statements, transactions and round trips per job; PG adds WAL and dead rows."""
+    cost = quick_result["write_cost"]
+    pg = quick_result["meta"]["backend"] == "postgresql"
+    for phase in ("enqueue_single", "enqueue_batch_100", "drain_limit_1", "drain_limit_10"):
+        row = cost[phase]
+        assert row["statements_per_job"] > 0, phase
+        assert row["transactions_per_job"] > 0, phase
+        assert row["round_trips_per_job"] >= row["transactions_per_job"], phase
+        if pg:
+            assert row["wal_bytes_per_job"] > 0, phase
+    if pg:
+        assert cost["drain_limit_1"]["dead_tuples_per_job"] >= 0
+
+
+def test_terminal_table_names_every_section(quick_result: dict[str, Any]) -> None:
+    """The printed table has a heading per section."""
+    text = quick_result["_stdout"]
+    for heading in ("Reference", "Enqueue", "Drain", "latency", "Scaling", "Write cost"):
+        assert heading in text, heading
+
+
+def test_bench_drops_its_own_database(quick_result: dict[str, Any], backend: Any) -> None:
+    """The scratch database the run created on the server is gone afterwards."""
+    if backend.name == "sqlite":
+        return
+    name = quick_result["meta"]["database"]
+    assert name.startswith("readyq_bench_")
+    engine = sa.create_engine(backend.url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            if backend.name == "postgresql":
+                sql = "SELECT count(*) FROM pg_database WHERE datname = :n"
+            else:
+                sql = "SELECT count(*) FROM information_schema.schemata WHERE schema_name = :n"
+            assert conn.execute(sa.text(sql), {"n": name}).scalar_one() == 0
+    finally:
+        engine.dispose()

@@ -1,0 +1,92 @@
+"""Stress mode: the simulator's actors on free threads (no interleaver) against a real
+database, recording the same history and passing the same checkers."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+
+try:
+    import sim_broken as broken
+except ImportError:  # pragma: no cover - tests/ imported as a package
+    from tests import sim_broken as broken
+
+from readyq_sim.checkers import check_all
+from readyq_sim.cli import main
+from readyq_sim.config import SimConfig, scenario
+from readyq_sim.run import RunResult
+from readyq_sim.stress import ScaledClock, run_stress
+
+pytestmark = pytest.mark.backend
+
+
+def _server(backend: Any) -> str | None:
+    return None if backend.name == "sqlite" else backend.url
+
+
+def _failed(res: RunResult) -> dict[str, str | None]:
+    return {c.name: c.first for c in check_all(res.world, res.final, res.live) if c.ok is False}
+
+
+def _small(cfg: SimConfig) -> SimConfig:
+    return cfg.with_(jobs=30, workers=6, slack_s=5.0)
+
+
+def test_stress_run_passes_every_checker(backend: Any) -> None:
+    """Six free-running workers with swarm faults end quiet with every checker green."""
+    res = run_stress(_small(scenario("default", 1)), _server(backend), speed=10, seconds=20)
+    assert not res.actor_errors
+    assert res.live
+    assert _failed(res) == {}
+    claims = [e for e in res.world.history.events if e.f == "claim" and e.type == "ok"]
+    assert len(claims) >= 25
+
+
+def test_stress_catches_a_claim_without_locks_or_state_guard(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Truly parallel claims without SKIP LOCKED or the state re-check hand jobs out twice."""
+    cfg = _small(scenario("quiet", 1)).with_(
+        backlog=True, dag_share=0.0, work_min=0.2, work_max=1.0, claim_limit=3
+    )
+    res = run_stress(cfg, _server(backend), broken.unguarded_claim(monkeypatch), seconds=10)
+    assert {"no-double-dispatch", "tokens"} & set(_failed(res))
+
+
+def test_stress_history_positions_are_unique(backend: Any) -> None:
+    """Every event and commit gets its own position from the shared counter."""
+    if backend.name != "sqlite":
+        pytest.skip("a property of the recorder, not of the database")
+    res = run_stress(_small(scenario("quiet", 2)).with_(jobs=12), None, seconds=10)
+    events = res.world.history.events
+    steps = [e.step for e in events]
+    commits = [e.commit_step for e in events if e.commit_step is not None and e.f != "enqueued"]
+    assert len(set(steps)) == len(steps)
+    assert not set(steps) & set(commits)
+
+
+def test_scaled_clock_runs_speed_times_faster() -> None:
+    """A ScaledClock at speed 20 moves about 20 virtual seconds per wall second."""
+    clock = ScaledClock(20)
+    start = clock.now_us()
+    time.sleep(0.1)
+    moved = (clock.now_us() - start) / 1e6
+    assert 1.9 <= moved < 4.0
+    assert clock.wait(threading.Event(), 1.0) is False  # 1 virtual s = 50 ms wall
+
+
+def test_cli_stress_says_it_is_not_replayable(
+    backend: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`readyq sim --stress` runs the checkers and does not promise a replay."""
+    if backend.name != "sqlite":
+        pytest.skip("the CLI is exercised once, on SQLite")
+    out = tmp_path / "stress.json"
+    argv = ["--stress", "--seed", "3", "--jobs", "15", "--stress-seconds", "10", "--json", str(out)]
+    assert main(argv) == 0
+    assert "not replayable" in capsys.readouterr().out
+    assert json.loads(out.read_text())["ok"]
