@@ -27,34 +27,47 @@ c = jobs.c
 
 def after_terminal(
     conn: Connection, ad: Adapter, settled: list[tuple[int, JobState, int | None]], *, now: int
-) -> None:
+) -> int:
     """Consequences of jobs reaching a terminal state, in the same transaction.
 
     DONE promotes dependents whose last open dependency this was (an atomic counter
     decrement: the child's row lock serializes parents finishing together, NOTES 9).
     FAILED/CANCELLED cancels dependents, transitively. Either way the parent container's
-    open-children counter drops, and the last child rolls the container up.
+    open-children counter drops, and the last child rolls the container up. Returns how
+    many dependents were touched (decremented or cancelled).
     """
+    touched = 0
     work = list(settled)
     while work:
         job_id, state, parent = work.pop()
-        conn.execute(ad.lock_terminal(sa.select(c.id).where(c.id == job_id)))
+        lock = ad.lock_terminal(sa.select(c.id).where(c.id == job_id))
+        if lock is not None:
+            conn.execute(lock)
         waiting = sa.select(deps.c.job_id).where(deps.c.depends_on == job_id)
-        dependents = sorted(conn.execute(waiting).scalars())
-        if dependents and state == S.DONE:
-            conn.execute(
-                sa.update(jobs).where(c.id.in_(dependents)).values(pending_deps=c.pending_deps - 1)
-            )
-            conn.execute(
+        if state == S.DONE:
+            # One statement: state is assigned first, from the count before the
+            # decrement (MySQL evaluates SET left to right, the others from the old row).
+            last = sa.and_(_guard("promote"), c.pending_deps == 1)
+            touched += conn.execute(
                 sa.update(jobs)
-                .where(c.id.in_(dependents), _guard("promote"), c.pending_deps == 0)
-                .values(state=T["promote"].target)
-            )
-        elif dependents:
-            reason = f"cancelled: dependency {job_id} ended {state.value}"
-            work += cancel_rows(conn, ad, dependents, reason=reason, by=job_id, now=now)
+                .where(c.id.in_(waiting))
+                .ordered_values(
+                    (c.state, sa.case((last, T["promote"].target), else_=c.state)),
+                    (c.pending_deps, c.pending_deps - 1),
+                )
+            ).rowcount
+        else:
+            dependents = sorted(conn.execute(waiting).scalars())
+            if dependents:
+                reason = f"cancelled: dependency {job_id} ended {state.value}"
+                cancelled = cancel_rows(conn, ad, dependents, reason=reason, by=job_id, now=now)
+                touched += len(cancelled)
+                work += cancelled
         if parent is not None:
-            work += _rollup(conn, ad, parent, now=now)
+            rolled = _rollup(conn, ad, parent, now=now)
+            touched += len(rolled)
+            work += rolled
+    return touched
 
 
 def _rollup(

@@ -220,7 +220,7 @@ def _replay(conn: Connection, lease: Lease, expect: Iterable[JobState]) -> Outco
 
 def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: int) -> Outcome:
     """RUNNING -> DONE with the result, promoting dependents and rolling up containers."""
-    r = conn.execute(
+    upd = (
         sa.update(jobs)
         .where(_fenced(lease))
         .values(
@@ -232,14 +232,19 @@ def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: i
             **_LEASE_CLEARED,
         )
     )
-    if r.rowcount != 1:
+    if ad.update_returning:
+        row = conn.execute(upd.returning(c.parent_id)).first()
+        done, parent = row is not None, None if row is None else row.parent_id
+    else:
+        done = conn.execute(upd).rowcount == 1
+        parent = conn.execute(sa.select(c.parent_id).where(c.id == lease.job_id)).scalar()
+    if not done:
         replay = _replay(conn, lease, {S.DONE})
         if replay is not None:
             return replay
         raise _lost(conn, lease, "finalize")
-    parent = conn.execute(sa.select(c.parent_id).where(c.id == lease.job_id)).scalar()
-    after_terminal(conn, ad, [(lease.job_id, S.DONE, parent)], now=now)
-    return Outcome(lease.job_id, lease.token, S.DONE)
+    touched = after_terminal(conn, ad, [(lease.job_id, S.DONE, parent)], now=now)
+    return Outcome(lease.job_id, lease.token, S.DONE, dependents=touched)
 
 
 def fail(

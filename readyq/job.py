@@ -144,6 +144,8 @@ class Outcome:
     token: int
     state: JobState
     replayed: bool = False
+    #: Dependent jobs (and containers) this outcome changed: promoted, cancelled, rolled up.
+    dependents: int = 0
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ class Queue:
         """The database adapter (connects once to check the server version)."""
         if self._adapter is None:
             self._adapter = dialects.for_engine(self._given)
-            self._engine = self._adapter.prepare_engine(self._given)
+            self._engine = self._adapter.prepare_engine(self._given, owned=self._owned)
         return self._adapter
 
     @property
@@ -351,7 +351,7 @@ class Queue:
         text = encode_payload({} if result is None else result, "result")
         return self._write(
             lambda conn, ad, now: _store.finalize(conn, ad, _lease(lease), text, now=now),
-            notify=True,
+            notify=lambda outcome: outcome.dependents > 0,
         )
 
     def fail(self, lease: Lease, error: str | BaseException, *, retry: bool = True) -> Outcome:

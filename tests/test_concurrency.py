@@ -138,13 +138,18 @@ def test_stale_workers_never_finalize_over_new_holders(make_queue, queue: readyq
     assert queue.counts()["done"] + queue.counts()["failed"] == 60
 
 
-def test_open_claim_does_not_block_enqueue(make_queue, queue: readyq.Queue) -> None:  # type: ignore[no-untyped-def]
-    """An enqueue commits while another transaction holds claimed rows (NOTES 5: gap locks)."""
+@pytest.mark.parametrize("engine_from", ["url", "user-engine"])
+def test_open_claim_does_not_block_enqueue(  # type: ignore[no-untyped-def]
+    make_queue, queue: readyq.Queue, queue_url: str, engine_from: str
+) -> None:
+    """An enqueue commits while another transaction holds claimed rows (NOTES 5: gap locks),
+    whether readyq made the engine or the application passed its own (default isolation)."""
     for i in range(5):
         queue.enqueue("t", {"i": i})
     other = make_queue()
     done = threading.Event()
-    claimer = make_queue()
+    user_engine = sa.create_engine(queue_url) if engine_from == "user-engine" else None
+    claimer = readyq.Queue(user_engine) if user_engine is not None else make_queue()
     ad = claimer.adapter
     with claimer.engine.connect() as conn, conn.begin():
         ad.begin_write(conn)
@@ -160,6 +165,8 @@ def test_open_claim_does_not_block_enqueue(make_queue, queue: readyq.Queue) -> N
         t.start()
         committed_while_claim_open = done.wait(20)
     t.join()
+    if user_engine is not None:
+        user_engine.dispose()
     assert committed_while_claim_open
 
 

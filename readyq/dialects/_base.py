@@ -62,13 +62,23 @@ class Adapter:
 
     @classmethod
     def engine_options(cls, url: sa.URL) -> dict[str, Any]:
-        """Keyword arguments for ``create_engine`` when readyq creates the engine."""
-        return {}
+        """Keyword arguments for ``create_engine`` when readyq creates the engine.
 
-    def prepare_engine(self, engine: Engine) -> Engine:
-        """The engine readyq uses (a user's engine is never reconfigured in place)."""
-        if self.isolation_level is None:
+        The isolation level is set once per new connection, not per checkout.
+        """
+        return {} if cls.isolation_level is None else {"isolation_level": cls.isolation_level}
+
+    def prepare_engine(self, engine: Engine, *, owned: bool = False) -> Engine:
+        """The engine readyq uses (a user's engine is never reconfigured in place).
+
+        ``owned``: readyq created it with :meth:`engine_options`, so it is ready as is.
+        """
+        if self.isolation_level is None or owned:
             return engine
+        if engine.dialect.default_isolation_level == self.isolation_level:
+            return engine
+        # A per-checkout isolation switch: correct for any engine, but it costs round
+        # trips on every transaction; adapters override it with something cheaper.
         return engine.execution_options(isolation_level=self.isolation_level)
 
     def begin_write(self, conn: Connection) -> None:
@@ -109,9 +119,12 @@ class Adapter:
         """Dependencies of a new job: their state must not become terminal until commit."""
         raise NotImplementedError
 
-    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any] | None:
         """A job reaching a terminal state: waits for every ``lock_share`` holder, so that
-        the dependents it then promotes or cancels include those being added right now."""
+        the dependents it then promotes or cancels include those being added right now.
+
+        None when the lock its state UPDATE already took conflicts with ``lock_share``.
+        """
         raise NotImplementedError
 
     # -- errors -----------------------------------------------------------------------

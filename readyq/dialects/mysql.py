@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ._base import Adapter, errno
@@ -35,6 +36,24 @@ class MySQLAdapter(Adapter):
     def version_reason(self) -> str:
         return "SKIP LOCKED arrived in 8.0.1"
 
+    def __init__(self, server_version: tuple[int, ...]) -> None:
+        super().__init__(server_version)
+        self._set_per_transaction = False
+
+    def prepare_engine(self, engine: Engine, *, owned: bool = False) -> Engine:
+        prepared = super().prepare_engine(engine, owned=owned)
+        if prepared is engine:
+            return engine
+        # SQLAlchemy's per-checkout switch costs five round trips per transaction here
+        # (SET SESSION, COMMIT, and on return ROLLBACK, SET SESSION, COMMIT); one
+        # SET TRANSACTION before each write transaction does the same job.
+        self._set_per_transaction = True
+        return engine
+
+    def begin_write(self, conn: Connection) -> None:
+        if self._set_per_transaction:
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
     def lock_claimable(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
         # Exclusive FOR UPDATE, never read=True: SQLAlchemy renders read+skip_locked as
         # LOCK IN SHARE MODE SKIP LOCKED, which MySQL 8 rejects (NOTES 3).
@@ -51,8 +70,9 @@ class MySQLAdapter(Adapter):
         # key-share mode: claimers skip the row until the enqueue commits (NOTES 8).
         return stmt.with_for_update(read=True)
 
-    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
-        return stmt.with_for_update()
+    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any] | None:
+        # The state UPDATE's exclusive lock already waits for LOCK IN SHARE MODE holders.
+        return None
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         return errno(exc) in {_DEADLOCK, _LOCK_WAIT_TIMEOUT}

@@ -84,7 +84,7 @@ class PostgreSQLAdapter(Adapter):
         # SKIP LOCKED still see the row (FOR SHARE would hide it, NOTES 8) ...
         return stmt.with_for_update(read=True, key_share=True)
 
-    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any] | None:
         # ... while the plain FOR UPDATE of a finishing job waits for it, so the edge is
         # committed (and visible at READ COMMITTED) before the job looks for dependents.
         return stmt.with_for_update()

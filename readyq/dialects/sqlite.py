@@ -39,7 +39,7 @@ class SQLiteAdapter(Adapter):
                 "claimers, heartbeats and sweeper use several: give a file, e.g. "
                 "sqlite:///readyq.db"
             )
-        return {"connect_args": {"timeout": BUSY_TIMEOUT}}
+        return {**super().engine_options(url), "connect_args": {"timeout": BUSY_TIMEOUT}}
 
     def after_install(self, engine: Engine) -> None:
         # WAL persists in the file: readers no longer wait for the writer to commit.
@@ -65,8 +65,8 @@ class SQLiteAdapter(Adapter):
     def lock_share(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
         return stmt
 
-    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
-        return stmt
+    def lock_terminal(self, stmt: sa.Select[Any]) -> sa.Select[Any] | None:
+        return None
 
     def is_retryable(self, exc: DBAPIError) -> bool:
         return isinstance(exc, sa.exc.OperationalError) and "database is locked" in str(exc)
