@@ -5,6 +5,8 @@ Jobs and their dependencies live in two tables; workers lease ready jobs atomica
 lease token that fences stale workers. This module is the whole public API.
 """
 
+from typing import TYPE_CHECKING
+
 from .clock import Clock, SystemClock
 from .errors import (
     CycleError,
@@ -23,6 +25,9 @@ from .limits import Budget, Concurrency, Limit, RateLimit
 from .queue import Queue
 from .retry import Backoff
 from .worker import TickReport, Worker
+
+if TYPE_CHECKING:
+    from .aio import AsyncQueue
 
 __version__ = "0.1.0"
 

@@ -311,70 +311,114 @@ def _insert(conn: Connection, ad: Adapter, order: Sequence[_Spec], now: int) -> 
         ):
             done_now.add(s.handle.index)
     ids: dict[int, int] = dict(known)
+    open_children: dict[int, int] = {}
+    for ch in new:
+        if isinstance(ch.parent, JobHandle) and ch.handle.index not in done_now:
+            open_children[ch.parent.index] = open_children.get(ch.parent.index, 0) + 1
+    # Waves: a job goes in the first wave after everything it refers to, so each wave is
+    # one multi-row INSERT (ids come back in order where INSERT ... RETURNING exists).
+    wave: dict[int, int] = {}
+    for sp in new:
+        refs = [r for r in (*map(ref, sp.after), ref_opt(sp.parent)) if isinstance(r, JobHandle)]
+        wave[sp.handle.index] = 1 + max((wave[r.index] for r in refs), default=-1)
     bumps: dict[int, int] = {}
-    for s in new:
-        i = s.handle.index
-        after = [ref(r) for r in s.after]
-        pending = sum(
-            1
-            for d in after
-            if (dep_state[d] != JobState.DONE if isinstance(d, int) else d.index not in done_now)
-        )
-        open_children = sum(
-            1
-            for ch in new
-            if isinstance(ch.parent, JobHandle)
-            and ch.parent.index == i
-            and ch.handle.index not in done_now
-        )
-        if s.container:
-            state = JobState.DONE if i in done_now else JobState.WAITING
-        else:
-            state = JobState.BLOCKED if pending else JobState.READY
-        parent = ref_opt(s.parent)
-        parent_id = ids[parent.index] if isinstance(parent, JobHandle) else parent
-        if isinstance(s.run_after, _dt.datetime):
-            run_after = to_us(s.run_after)
-        elif isinstance(s.run_after, _dt.timedelta):
-            run_after = now + round(s.run_after.total_seconds() * 1e6)
-        else:
-            run_after = now
-        inserted = conn.execute(
-            sa.insert(jobs).values(
-                type=s.type,
-                args=s.args,
-                state=state,
-                container=s.container,
-                parent_id=parent_id,
-                group_key=s.group,
-                weight=s.weight,
-                priority=s.priority,
-                key=s.key,
-                pending_deps=pending,
+    for level in sorted(set(wave.values())):
+        batch = [sp for sp in new if wave[sp.handle.index] == level]
+        rows = [
+            _row(
+                sp,
+                ref,
+                ids=ids,
+                dep_state=dep_state,
+                done_now=done_now,
                 open_children=open_children,
-                attempts=0,
-                max_attempts=s.max_attempts,
-                timeout_us=s.timeout_us,
-                lease_token=0,
-                run_after_us=run_after,
-                created_us=now,
-                finished_us=now if state == JobState.DONE else None,
+                now=now,
             )
-        ).inserted_primary_key
-        assert inserted is not None
-        job_id = int(inserted[0])
-        ids[i] = job_id
-        if after:
-            rows = [
-                {"job_id": job_id, "depends_on": d if isinstance(d, int) else ids[d.index]}
-                for d in after
-            ]
-            conn.execute(sa.insert(deps), rows)
-        if isinstance(parent, int) and state != JobState.DONE:
-            bumps[parent] = bumps.get(parent, 0) + 1
+            for sp in batch
+        ]
+        for job_id, sp in zip(_insert_rows(conn, ad, rows), batch, strict=True):
+            ids[sp.handle.index] = job_id
+        edges = [
+            {
+                "job_id": ids[sp.handle.index],
+                "depends_on": d if isinstance(d, int) else ids[d.index],
+            }
+            for sp in batch
+            for d in map(ref, sp.after)
+        ]
+        if edges:
+            conn.execute(sa.insert(deps), edges)
+        for sp, row in zip(batch, rows, strict=True):
+            parent = ref_opt(sp.parent)
+            if isinstance(parent, int) and row["state"] != JobState.DONE:
+                bumps[parent] = bumps.get(parent, 0) + 1
     for p, n in sorted(bumps.items()):
         conn.execute(sa.update(jobs).where(c.id == p).values(open_children=c.open_children + n))
-    return [ids[s.handle.index] for s in order]
+    return [ids[sp.handle.index] for sp in order]
+
+
+def _row(
+    s: _Spec,
+    ref: Any,
+    *,
+    ids: dict[int, int],
+    dep_state: dict[int, str],
+    done_now: set[int],
+    open_children: dict[int, int],
+    now: int,
+) -> dict[str, Any]:
+    """The column values of one new job (its references already have ids)."""
+    i = s.handle.index
+    after = [ref(r) for r in s.after]
+    pending = sum(
+        1
+        for d in after
+        if (dep_state[d] != JobState.DONE if isinstance(d, int) else d.index not in done_now)
+    )
+    if s.container:
+        state = JobState.DONE if i in done_now else JobState.WAITING
+    else:
+        state = JobState.BLOCKED if pending else JobState.READY
+    parent = None if s.parent is None else ref(s.parent)
+    if isinstance(s.run_after, _dt.datetime):
+        run_after = to_us(s.run_after)
+    elif isinstance(s.run_after, _dt.timedelta):
+        run_after = now + round(s.run_after.total_seconds() * 1e6)
+    else:
+        run_after = now
+    return {
+        "type": s.type,
+        "args": s.args,
+        "state": state,
+        "container": s.container,
+        "parent_id": ids[parent.index] if isinstance(parent, JobHandle) else parent,
+        "group_key": s.group,
+        "weight": s.weight,
+        "priority": s.priority,
+        "key": s.key,
+        "pending_deps": pending,
+        "open_children": open_children.get(i, 0),
+        "attempts": 0,
+        "max_attempts": s.max_attempts,
+        "timeout_us": s.timeout_us,
+        "lease_token": 0,
+        "run_after_us": run_after,
+        "created_us": now,
+        "finished_us": now if state == JobState.DONE else None,
+    }
+
+
+def _insert_rows(conn: Connection, ad: Adapter, rows: list[dict[str, Any]]) -> list[int]:
+    """Insert rows, returning their ids in order."""
+    if ad.insert_returning and len(rows) > 1:
+        stmt = sa.insert(jobs).returning(c.id, sort_by_parameter_order=True)
+        return [int(r.id) for r in conn.execute(stmt, rows)]
+    out = []
+    for row in rows:
+        inserted = conn.execute(sa.insert(jobs).values(row)).inserted_primary_key
+        assert inserted is not None
+        out.append(int(inserted[0]))
+    return out
 
 
 def _lock_dependencies(conn: Connection, ad: Adapter, ids: list[int]) -> dict[int, str]:

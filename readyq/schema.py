@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+# Loaded now, not lazily: SQLAlchemy imports sqlalchemy.orm on first inspection of a bound
+# value (our JobState enums), and a worker thread doing that while another thread imports
+# it too saw a partially initialized module and died.
+import sqlalchemy.orm
+
 from .job import JobState
 
 __all__ = ["deps", "jobs", "metadata"]

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
+
 from . import _process, _store
 from .errors import InvalidJob, LeaseLost, ReadyqError
 from .fairshare import GroupDemand, fair_share
@@ -353,7 +355,14 @@ class Worker:
         self._heartbeats.start()
         try:
             while not self._stopping.is_set():
-                report = self.tick()
+                try:
+                    report = self.tick()
+                except (sa.exc.DBAPIError, ReadyqError) as exc:
+                    # A lost connection, a restarting server, a busy database: the leases
+                    # are safe in the table; log, wait a poll interval, and tick again.
+                    self._emit("tick_error", error=repr(exc)[:300])
+                    self._clock.wait(self._stopping, self.poll_interval)
+                    continue
                 if until_idle and not self.running and not report.claimed and self._idle():
                     break
                 if report.claimed or report.finished:

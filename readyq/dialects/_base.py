@@ -40,6 +40,8 @@ class Adapter:
     key_share_lock: ClassVar[bool] = False
     #: ``UPDATE ... RETURNING``.
     update_returning: ClassVar[bool] = False
+    #: ``INSERT ... RETURNING`` over many rows, ids in parameter order.
+    insert_returning: ClassVar[bool] = False
     #: Only one write transaction at a time (SQLite).
     serialized_writers: ClassVar[bool] = False
     #: ``LISTEN/NOTIFY`` wake-ups.

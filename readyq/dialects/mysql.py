@@ -88,6 +88,8 @@ class MariaDBAdapter(MySQLAdapter):
     product: ClassVar[str] = "MariaDB"
     # SKIP LOCKED arrived in MariaDB 10.6 (older servers raise a syntax error).
     minimum_version: ClassVar[tuple[int, ...]] = (10, 6)
+    # MariaDB has INSERT ... RETURNING (10.5+); MySQL 8 has none.
+    insert_returning = True
     # MariaDB accepts innodb_lock_wait_timeout = 0 and fails a blocked statement at once.
     min_lock_wait_timeout: ClassVar[int] = 0
 

@@ -26,6 +26,7 @@ class SQLiteAdapter(Adapter):
     product: ClassVar[str] = "SQLite"
     minimum_version: ClassVar[tuple[int, ...]] = (3, 35)
     update_returning = True
+    insert_returning = True
     serialized_writers = True
 
     def version_reason(self) -> str:
