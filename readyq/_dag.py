@@ -4,6 +4,7 @@ cancel and retry. Internal; runs inside the caller's write transaction.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,24 @@ T = TRANSITIONS
 c = jobs.c
 
 
+@functools.lru_cache(maxsize=64)
+def _terminal_lock(ad: Adapter) -> sa.Select[Any] | None:
+    return ad.lock_terminal(sa.select(c.id).where(c.id == sa.bindparam("job_id")))
+
+
+# One statement: state is assigned first, from the count before the decrement (MySQL
+# evaluates SET left to right, the other databases from the old row).
+_LAST = sa.and_(c.state.in_(sorted(s.value for s in T["promote"].sources)), c.pending_deps == 1)
+_PROMOTE = (
+    sa.update(jobs)
+    .where(c.id.in_(sa.select(deps.c.job_id).where(deps.c.depends_on == sa.bindparam("job_id"))))
+    .ordered_values(
+        (c.state, sa.case((_LAST, T["promote"].target.value), else_=c.state)),
+        (c.pending_deps, c.pending_deps - 1),
+    )
+)
+
+
 def after_terminal(
     conn: Connection, ad: Adapter, settled: list[tuple[int, JobState, int | None]], *, now: int
 ) -> int:
@@ -40,23 +59,13 @@ def after_terminal(
     work = list(settled)
     while work:
         job_id, state, parent = work.pop()
-        lock = ad.lock_terminal(sa.select(c.id).where(c.id == job_id))
+        lock = _terminal_lock(ad)
         if lock is not None:
-            conn.execute(lock)
-        waiting = sa.select(deps.c.job_id).where(deps.c.depends_on == job_id)
+            conn.execute(lock, {"job_id": job_id})
         if state == S.DONE:
-            # One statement: state is assigned first, from the count before the
-            # decrement (MySQL evaluates SET left to right, the others from the old row).
-            last = sa.and_(_guard("promote"), c.pending_deps == 1)
-            touched += conn.execute(
-                sa.update(jobs)
-                .where(c.id.in_(waiting))
-                .ordered_values(
-                    (c.state, sa.case((last, T["promote"].target), else_=c.state)),
-                    (c.pending_deps, c.pending_deps - 1),
-                )
-            ).rowcount
+            touched += conn.execute(_PROMOTE, {"job_id": job_id}).rowcount
         else:
+            waiting = sa.select(deps.c.job_id).where(deps.c.depends_on == job_id)
             dependents = sorted(conn.execute(waiting).scalars())
             if dependents:
                 reason = f"cancelled: dependency {job_id} ended {state.value}"

@@ -7,7 +7,8 @@ is compare-and-set on ``(id, lease_token, state)``. Times are bound values from 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,57 @@ class ReclaimCounts:
 _ORDER = (c.priority, c.run_after_us, c.id)
 
 
+@functools.lru_cache(maxsize=64)
+def _claim_select(ad: Adapter, grouped: bool) -> sa.Select[Any]:
+    """The locked ready-set select, built once per adapter (values are bind parameters)."""
+    stmt = sa.select(c.id).where(c.state == S.READY.value, c.run_after_us <= sa.bindparam("now"))
+    if grouped:
+        stmt = stmt.where(c.group_key == sa.bindparam("group"))
+    return ad.lock_claimable(stmt.order_by(*_ORDER).limit(sa.bindparam("n")))
+
+
+_LEASE_COLS = (
+    c.id,
+    c.lease_token,
+    c.type,
+    c.args,
+    c.group_key,
+    c.attempts,
+    c.max_attempts,
+    c.deadline_us,
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_update(returning: bool, guard: Callable[[str], sa.ColumnElement[bool]]) -> Any:
+    """READY -> RUNNING for the picked ids; ``guard`` is part of the key (tests patch it)."""
+    now = sa.bindparam("now", type_=sa.BigInteger())
+    upd = (
+        sa.update(jobs)
+        .where(c.id.in_(sa.bindparam("ids", expanding=True)), guard("claim"))
+        .values(
+            state=T["claim"].target.value,
+            lease_token=c.lease_token + 1,
+            lease_owner=sa.bindparam("owner"),
+            lease_expires_us=sa.bindparam("expires"),
+            heartbeat_us=now,
+            started_us=now,
+            attempts=c.attempts + 1,
+            deadline_us=sa.case((c.timeout_us.is_(None), None), else_=now + c.timeout_us),
+        )
+    )
+    return upd.returning(*_LEASE_COLS) if returning else upd
+
+
+# Read back only what this UPDATE leased: correct even if a lock clause failed.
+_CLAIM_READ_BACK = sa.select(*_LEASE_COLS).where(
+    c.id.in_(sa.bindparam("ids", expanding=True)),
+    c.state == S.RUNNING.value,
+    c.lease_owner == sa.bindparam("owner"),
+    c.started_us == sa.bindparam("now"),
+)
+
+
 def claim(
     conn: Connection,
     ad: Adapter,
@@ -60,9 +112,8 @@ def claim(
 ) -> list[Lease]:
     """READY -> RUNNING for up to ``limit`` jobs, in ranked group order when given."""
     picked: list[int] = []
-    base = sa.select(c.id).where(c.state == S.READY, c.run_after_us <= now).order_by(*_ORDER)
     if groups is None:
-        picked = list(conn.execute(ad.lock_claimable(base.limit(limit))).scalars())
+        picked = list(conn.execute(_claim_select(ad, False), {"now": now, "n": limit}).scalars())
     else:
         # One locked select per group, in ranked order; a group whose rows are taken (or
         # gone) falls through to the next. Then a second pass gives unused slots to any
@@ -75,12 +126,12 @@ def claim(
             n = min(asked, limit - len(picked))
             if n <= 0:
                 break
-            got = list(
-                conn.execute(ad.lock_claimable(base.where(c.group_key == g).limit(n))).scalars()
-            )
+            params = {"now": now, "n": n, "group": g}
+            got = list(conn.execute(_claim_select(ad, True), params).scalars())
             picked += got
             if len(got) == n:
                 full.append(g)
+        base = sa.select(c.id).where(c.state == S.READY, c.run_after_us <= now).order_by(*_ORDER)
         for g in full:
             n = limit - len(picked)
             if n <= 0:
@@ -89,37 +140,13 @@ def claim(
             picked += conn.execute(ad.lock_claimable(stmt)).scalars()
     if not picked:
         return []
-    deadline = sa.case((c.timeout_us.is_(None), None), else_=now + c.timeout_us)
-    values = {
-        "state": T["claim"].target,
-        "lease_token": c.lease_token + 1,
-        "lease_owner": worker_id,
-        "lease_expires_us": now + ttl_us,
-        "heartbeat_us": now,
-        "started_us": now,
-        "attempts": c.attempts + 1,
-        "deadline_us": deadline,
-    }
-    cols = (
-        c.id,
-        c.lease_token,
-        c.type,
-        c.args,
-        c.group_key,
-        c.attempts,
-        c.max_attempts,
-        c.deadline_us,
-    )
-    upd = sa.update(jobs).where(c.id.in_(picked), _guard("claim")).values(values)
+    params = {"ids": picked, "now": now, "owner": worker_id, "expires": now + ttl_us}
+    upd = _claim_update(ad.update_returning, _guard)
     if ad.update_returning:
-        rows = list(conn.execute(upd.returning(*cols)).all())
+        rows = list(conn.execute(upd, params).all())
     else:
-        conn.execute(upd)
-        # Read back only what this UPDATE leased: correct even if a lock clause failed.
-        mine = sa.and_(
-            c.id.in_(picked), c.state == S.RUNNING, c.lease_owner == worker_id, c.started_us == now
-        )
-        rows = list(conn.execute(sa.select(*cols).where(mine)).all())
+        conn.execute(upd, params)
+        rows = list(conn.execute(_CLAIM_READ_BACK, params).all())
     order = {job_id: i for i, job_id in enumerate(picked)}
     rows.sort(key=lambda r: order[r.id])
     return [
@@ -194,13 +221,22 @@ def _lost(conn: Connection, lease: Lease, doing: str) -> LeaseLost:
     )
 
 
+_HEARTBEAT = (
+    sa.update(jobs)
+    .where(
+        c.id == sa.bindparam("job_id"),
+        c.lease_token == sa.bindparam("token"),
+        c.state == S.RUNNING.value,
+    )
+    .values(lease_expires_us=sa.bindparam("expires"), heartbeat_us=sa.bindparam("now"))
+)
+
+
 def heartbeat(conn: Connection, lease: Lease, *, now: int, ttl_us: int) -> int:
     """Extend a live lease; returns its new expiry."""
     expires = now + ttl_us
-    r = conn.execute(
-        sa.update(jobs).where(_fenced(lease)).values(lease_expires_us=expires, heartbeat_us=now)
-    )
-    if r.rowcount != 1:
+    params = {"job_id": lease.job_id, "token": lease.token, "expires": expires, "now": now}
+    if conn.execute(_HEARTBEAT, params).rowcount != 1:
         raise _lost(conn, lease, "heartbeat")
     return expires
 
@@ -218,26 +254,40 @@ def _replay(conn: Connection, lease: Lease, expect: Iterable[JobState]) -> Outco
     return Outcome(lease.job_id, lease.token, state, replayed=True)
 
 
-def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: int) -> Outcome:
-    """RUNNING -> DONE with the result, promoting dependents and rolling up containers."""
+@functools.lru_cache(maxsize=64)
+def _finalize_update(returning: bool) -> Any:
     upd = (
         sa.update(jobs)
-        .where(_fenced(lease))
+        .where(
+            c.id == sa.bindparam("job_id"),
+            c.lease_token == sa.bindparam("token"),
+            c.state == S.RUNNING.value,
+        )
         .values(
-            state=T["finalize"].target,
-            result=result,
-            settled_token=lease.token,
-            finished_us=now,
+            state=T["finalize"].target.value,
+            result=sa.bindparam("result"),
+            settled_token=sa.bindparam("token"),
+            finished_us=sa.bindparam("now"),
             error=None,
             **_LEASE_CLEARED,
         )
     )
+    return upd.returning(c.parent_id) if returning else upd
+
+
+_PARENT = sa.select(c.parent_id).where(c.id == sa.bindparam("job_id"))
+
+
+def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: int) -> Outcome:
+    """RUNNING -> DONE with the result, promoting dependents and rolling up containers."""
+    params = {"job_id": lease.job_id, "token": lease.token, "result": result, "now": now}
+    upd = _finalize_update(ad.update_returning)
     if ad.update_returning:
-        row = conn.execute(upd.returning(c.parent_id)).first()
+        row = conn.execute(upd, params).first()
         done, parent = row is not None, None if row is None else row.parent_id
     else:
-        done = conn.execute(upd).rowcount == 1
-        parent = conn.execute(sa.select(c.parent_id).where(c.id == lease.job_id)).scalar()
+        done = conn.execute(upd, params).rowcount == 1
+        parent = conn.execute(_PARENT, params).scalar()
     if not done:
         replay = _replay(conn, lease, {S.DONE})
         if replay is not None:
