@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from .clock import to_us
 from .dialects import Adapter
 from .errors import CycleError, InvalidJob, UnknownJob
-from .job import JobState, encode_payload
+from .job import JobState, check_text, encode_payload
 from .schema import deps, jobs
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ def _name(value: object, what: str) -> str:
         raise InvalidJob(f"{what} must be a non-empty string, not {value!r:.60}")
     if len(value) > _MAX_NAME:
         raise InvalidJob(f"{what} is longer than {_MAX_NAME} characters")
+    check_text(value, what)
     return value
 
 
@@ -152,6 +153,8 @@ class Graph:
                 raise InvalidJob("run_after must be an aware datetime or a timedelta")
         if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
             raise InvalidJob("key must be a non-empty string of at most 255 characters")
+        if key is not None:
+            check_text(key, "key")
         if not isinstance(container, bool):
             raise InvalidJob("container must be True or False")
         if isinstance(after, (str, bytes)) or not isinstance(after, Iterable):

@@ -26,6 +26,7 @@ __all__ = [
     "Lease",
     "Outcome",
     "Transition",
+    "check_text",
     "decode_payload",
     "encode_payload",
 ]
@@ -178,10 +179,21 @@ class JobInfo:
     depends_on: tuple[int, ...] = ()
 
 
+def check_text(value: str, where: str) -> None:
+    """Strings must be valid Unicode (no lone surrogates): every driver encodes UTF-8."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJob(f"{where} contains a lone surrogate; pass valid Unicode text") from None
+
+
 def _check_json(value: object, where: str, depth: int = 0) -> None:
     if depth > _MAX_DEPTH:
         raise InvalidJob(f"{where} is nested deeper than {_MAX_DEPTH} levels")
-    if value is None or isinstance(value, (bool, str, int)):
+    if isinstance(value, str):
+        check_text(value, where)
+        return
+    if value is None or isinstance(value, (bool, int)):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -195,6 +207,7 @@ def _check_json(value: object, where: str, depth: int = 0) -> None:
         for k, item in value.items():
             if not isinstance(k, str):
                 raise InvalidJob(f"{where} has a non-string key {k!r}; JSON keys are strings")
+            check_text(k, f"{where} key")
             _check_json(item, f"{where}[{k!r}]", depth + 1)
         return
     raise InvalidJob(
@@ -208,7 +221,10 @@ def encode_payload(value: object, what: str) -> str:
     if not isinstance(value, dict):
         raise InvalidJob(f"{what} must be a dict (a JSON object), not {type(value).__name__}")
     _check_json(value, what)
-    text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except ValueError as exc:  # e.g. an int longer than sys.get_int_max_str_digits()
+        raise InvalidJob(f"{what} cannot be encoded as JSON: {exc}") from None
     if len(text.encode()) > MAX_PAYLOAD_BYTES:
         raise InvalidJob(
             f"{what} encodes to more than {MAX_PAYLOAD_BYTES} bytes; store large data "

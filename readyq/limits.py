@@ -102,6 +102,8 @@ class Budget(Limit):
 
     def available(self, now: float) -> int:
         value = self.remaining()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidJob(f"the Budget callable returned {value!r:.60}; it must return a number")
         return max(0, math.floor(value)) if math.isfinite(value) else 0
 
     def __repr__(self) -> str:

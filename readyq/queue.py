@@ -195,6 +195,7 @@ class Queue:
 
     def get(self, job_id: int) -> JobInfo:
         """A snapshot of one job; UnknownJob if there is none."""
+        job_id = _job_id(job_id)
 
         def read(conn: Connection, now: int) -> JobInfo:
             row = conn.execute(sa.select(jobs).where(c.id == job_id)).first()
@@ -245,6 +246,8 @@ class Queue:
 
     def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[JobInfo]:
         """The most recent jobs (optionally of one state), newest first."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidJob(f"limit must be a positive int, not {limit!r:.60}")
         if state is not None and state not in {s.value for s in JobState}:
             raise InvalidJob(f"unknown state {state!r}; one of {[s.value for s in JobState]}")
 
@@ -290,6 +293,7 @@ class Queue:
         A running job's lease is retired: its worker's next write gets LeaseLost.
         Returns False if the job had already finished.
         """
+        job_id = _job_id(job_id)
         return self._write(lambda conn, ad, now: _dag.cancel(conn, ad, job_id, now=now))
 
     def retry(self, job_id: int) -> bool:
@@ -297,6 +301,7 @@ class Queue:
 
         Attempts start over. Returns False if the job is not failed or cancelled.
         """
+        job_id = _job_id(job_id)
         return self._write(lambda conn, ad, now: _dag.retry(conn, ad, job_id, now=now), notify=bool)
 
     # -- leases -----------------------------------------------------------------------
@@ -391,6 +396,12 @@ class Queue:
             )
             if got.total < batch:
                 return total
+
+
+def _job_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidJob(f"a job id is a positive int, not {value!r:.60}")
+    return value
 
 
 def _lease(value: object) -> Lease:

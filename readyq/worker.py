@@ -86,6 +86,31 @@ class Worker:
                 "a live job. Raise lease_ttl (slower crash recovery) or heartbeat more "
                 "often (more writes); lease_ttl = 3-4 x heartbeat_every is a good default."
             )
+        if not isinstance(queue, Queue):
+            raise InvalidJob(f"Worker needs a readyq.Queue, not {type(queue).__name__}")
+        if not isinstance(handlers, (Handlers, Mapping)):
+            raise InvalidJob(
+                "handlers must be a readyq.Handlers or a mapping of job type to function, "
+                f"not {type(handlers).__name__}"
+            )
+        limits = list(limits)
+        for limit in limits:
+            if not isinstance(limit, Limit):
+                raise InvalidJob(
+                    f"limits must be readyq.Limit objects (Concurrency, RateLimit, Budget or "
+                    f"your subclass), not {limit!r:.60}"
+                )
+        if reclaim_every is not None and (
+            isinstance(reclaim_every, bool)
+            or not isinstance(reclaim_every, (int, float))
+            or not reclaim_every > 0
+        ):
+            raise InvalidJob(
+                f"reclaim_every must be a positive number of seconds, not {reclaim_every!r}"
+            )
+        for group, cap in (group_caps or {}).items():
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                raise InvalidJob(f"group_caps[{group!r}] must be a non-negative int, not {cap!r}")
         if executor not in ("thread", "process"):
             raise InvalidJob(f"executor must be 'thread' or 'process', not {executor!r}")
         self.executor = executor
@@ -94,7 +119,7 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.lease_ttl = float(lease_ttl)
         self.heartbeat_every = float(heartbeat_every)
-        self.limits: list[Limit] = list(limits) or [Concurrency(8)]
+        self.limits: list[Limit] = limits or [Concurrency(8)]
         self.poll_interval = float(poll_interval)
         self.reclaim_every = float(reclaim_every if reclaim_every is not None else lease_ttl / 2)
         self.grace = float(grace)
