@@ -81,6 +81,8 @@ def _name(value: object, what: str) -> str:
     if len(value) > _MAX_NAME:
         raise InvalidJob(f"{what} is longer than {_MAX_NAME} characters")
     check_text(value, what)
+    if "\x00" in value:
+        raise InvalidJob(f"{what} contains a NUL character, which PostgreSQL cannot store")
     return value
 
 
@@ -155,6 +157,8 @@ class Graph:
             raise InvalidJob("key must be a non-empty string of at most 255 characters")
         if key is not None:
             check_text(key, "key")
+            if "\x00" in key:
+                raise InvalidJob("key contains a NUL character, which PostgreSQL cannot store")
         if not isinstance(container, bool):
             raise InvalidJob("container must be True or False")
         if isinstance(after, (str, bytes)) or not isinstance(after, Iterable):
@@ -430,9 +434,12 @@ def _lock_dependencies(conn: Connection, ad: Adapter, ids: list[int]) -> dict[in
         return {}
     # Shared locks: a dependency cannot finish between our read of its state and the
     # commit of the edge that waits on it (else the new job would wait forever).
-    rows = conn.execute(
-        ad.lock_share(sa.select(c.id, c.state).where(c.id.in_(ids)).order_by(c.id))
-    ).all()
+    conn.execute(ad.lock_share(sa.select(c.id).where(c.id.in_(ids)).order_by(c.id)))
+    # Read the states in a second statement, after the lock is ours: PostgreSQL's
+    # FOR KEY SHARE does not conflict with a finalize's non-key UPDATE, and may return the
+    # row as it was before that finalize committed; a new statement (READ COMMITTED) sees
+    # the commit, so the new job never waits on a dependency that is already done.
+    rows = conn.execute(sa.select(c.id, c.state).where(c.id.in_(ids))).all()
     states = {r.id: r.state for r in rows}
     for d in ids:
         if d not in states:

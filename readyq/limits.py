@@ -61,7 +61,10 @@ class RateLimit(Limit):
 
     def __init__(self, per_second: float, burst: int = 1) -> None:
         if not (
-            isinstance(per_second, (int, float)) and math.isfinite(per_second) and per_second > 0
+            isinstance(per_second, (int, float))
+            and not isinstance(per_second, bool)
+            and math.isfinite(per_second)
+            and per_second > 0
         ):
             raise InvalidJob(f"RateLimit needs a positive rate, not {per_second!r}")
         if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 # value (our JobState enums), and a worker thread doing that while another thread imports
 # it too saw a partially initialized module and died.
 import sqlalchemy.orm
+from sqlalchemy.dialects import mysql
 
 from .job import JobState
 
@@ -31,6 +32,11 @@ metadata = sa.MetaData(
     }
 )
 
+# Names compare exactly on every database: MySQL/MariaDB's default collation would treat
+# "Key" and "key" (or "a" and "á") as one idempotency key, or one group.
+_Name = sa.String(200).with_variant(mysql.VARCHAR(200, collation="utf8mb4_bin"), "mysql", "mariadb")
+_Key = sa.String(255).with_variant(mysql.VARCHAR(255, collation="utf8mb4_bin"), "mysql", "mariadb")
+
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (autoincrementing).
 _Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 _STATES = ", ".join(f"'{s.value}'" for s in JobState)
@@ -45,10 +51,10 @@ jobs = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("container", sa.Boolean(), nullable=False, default=False),
     sa.Column("parent_id", _Id, sa.ForeignKey("readyq_jobs.id")),
-    sa.Column("group_key", sa.String(200), nullable=False),
+    sa.Column("group_key", _Name, nullable=False),
     sa.Column("weight", sa.Float(), nullable=False),
     sa.Column("priority", sa.Integer(), nullable=False),
-    sa.Column("key", sa.String(255), unique=True),
+    sa.Column("key", _Key, unique=True),
     # Open dependencies (not yet done). Decremented atomically in the finalize of each
     # dependency: the child's row lock serializes parents finishing together.
     sa.Column("pending_deps", sa.Integer(), nullable=False),

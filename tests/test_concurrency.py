@@ -204,3 +204,39 @@ def test_dependent_added_while_its_dependency_finishes_is_promoted(
     t.join()
     assert child is not None
     assert (queue.get(ids[0]).state, queue.get(ids[0]).pending_deps) == (JobState.READY, 0)
+
+
+def test_enqueue_racing_its_dependencys_finalize_never_leaves_it_blocked(  # type: ignore[no-untyped-def]
+    make_queue, queue: readyq.Queue
+) -> None:
+    """150 races of finalize(D) against enqueue(after=[D]): the new job always ends ready.
+
+    Regression: on PostgreSQL the FOR KEY SHARE read of D could return D as it was before
+    a concurrent finalize committed, so the new job counted a done dependency as open.
+    """
+    other = make_queue()
+    stuck = []
+    for i in range(150):
+        d = queue.enqueue("d")
+        lease = queue.claim("w")[0]
+        barrier = threading.Barrier(2)
+        child: list[int] = []
+
+        def finish(lease: readyq.Lease = lease, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            queue.finalize(lease)
+
+        def add(d: int = d, barrier: threading.Barrier = barrier, child: list[int] = child) -> None:
+            barrier.wait()
+            child.append(other.enqueue("c", after=[d]))
+
+        threads = [threading.Thread(target=finish), threading.Thread(target=add)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if queue.get(child[0]).state != JobState.READY:
+            stuck.append(i)
+        for lease_ in queue.claim("w", limit=5):
+            queue.finalize(lease_)
+    assert stuck == []
