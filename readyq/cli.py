@@ -12,6 +12,7 @@ import argparse
 import datetime as _dt
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -61,6 +62,9 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    if not logging.getLogger().handlers:
+        # The worker's events (claim, finalize, tick_error, ...) go to stderr, one per line.
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     handlers = _load(args.handlers)
     if not isinstance(handlers, (Handlers, dict)):
         raise ReadyqError(f"{args.handlers} is not a readyq.Handlers or a dict of handlers")
