@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from readyq_conformance.bad_adapters import _update_by_id as update_by_id
 from readyq_sim.world import Hooks
 from sqlalchemy.engine import Connection, Engine
 
 import readyq
 from readyq import _store, dialects
-from readyq.job import Lease, decode_payload
+from readyq.job import Lease
 from readyq.schema import jobs
 
 c = jobs.c
@@ -90,35 +91,7 @@ class _TwoTransactionClaim(readyq.Queue):
         ttl_us = round(ttl * 1e6)
 
         def take(conn: Connection, ad: Any, now: int) -> list[Lease]:
-            conn.execute(
-                sa.update(jobs)
-                .where(c.id.in_(picked))
-                .values(
-                    state="running",
-                    lease_token=c.lease_token + 1,
-                    lease_owner=worker_id,
-                    lease_expires_us=now + ttl_us,
-                    heartbeat_us=now,
-                    started_us=now,
-                    attempts=c.attempts + 1,
-                )
-            )
-            rows = conn.execute(sa.select(jobs).where(c.id.in_(picked)).order_by(c.id)).all()
-            return [
-                Lease(
-                    job_id=r.id,
-                    token=r.lease_token,
-                    type=r.type,
-                    args=decode_payload(r.args) or {},
-                    worker_id=worker_id,
-                    group=r.group_key,
-                    attempt=r.attempts,
-                    max_attempts=r.max_attempts,
-                    expires_us=now + ttl_us,
-                    deadline_us=r.deadline_us,
-                )
-                for r in rows
-            ]
+            return update_by_id(conn, picked, worker_id, now, ttl_us)
 
         return self._write(take)
 
