@@ -252,6 +252,15 @@ class Worker(Actor):
             ctx.drop_at_commit = True
             self.world.fault("drop_before_commit", ctx.name, ctx.now_us, job=ls.job_id)
         lost_reply = self.chance("drop_after_commit")
+        # Its own stream: a new fault kind must not shift the schedules of existing seeds.
+        slow = self.world.streams[f"slow-commit:{ctx.name}"]
+        if self.world.chance(ctx.name, slow, "slow_commit"):
+            # Shorter than a heartbeat interval: a held COMMIT must not look like a lost
+            # lease to the reclaim-liveness checker (the row lock keeps the sweeper off).
+            ctx.slow_commit_s = round(slow.uniform(0.2, 0.8) * self.cfg.heartbeat, 3)
+            self.world.fault(
+                "slow_commit", ctx.name, ctx.now_us, job=ls.job_id, held_s=ctx.slow_commit_s
+            )
         f = "fail" if h.poison else "finalize"
 
         def call() -> readyq.Outcome:
@@ -267,7 +276,7 @@ class Worker(Actor):
             uncommitted_on_error=drop,
             pretend_lost=lost_reply,
         )
-        ctx.crash_at, ctx.drop_at_commit = None, False
+        ctx.crash_at, ctx.drop_at_commit, ctx.slow_commit_s = None, False, None
         if status == "ok" and lost_reply:
             self.world.fault("drop_after_commit", ctx.name, ctx.now_us, job=ls.job_id)
             self.ev.detail["state"] = getattr(got, "state", None)

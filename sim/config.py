@@ -16,7 +16,11 @@ FAULT_KINDS = (
     "drop_before_commit",  # connection killed just before a finalize's COMMIT
     "drop_after_commit",  # finalize committed, but the worker never saw the answer
     "skew",  # the worker's clock (the one its Queue gets) is offset from the authority
+    "slow_commit",  # a finalize's COMMIT is held while virtual time passes and others run
 )
+#: Kinds swarm testing draws. slow_commit joined after the seed corpus was fixed: it is on
+#: only when asked for (--faults), so existing seeds keep their schedules.
+SWARM_KINDS = FAULT_KINDS[:-1]
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class FaultPlan:
         """Swarm testing: each kind is on with probability 0.6, at a rate drawn from the seed."""
         top = {"crash": 0.06, "pause": 0.08, "heartbeat_loss": 0.2, "skew": 0.5}
         p: dict[str, float] = {}
-        for kind in FAULT_KINDS:
+        for kind in SWARM_KINDS:
             draw_on, rate = rng.random(), rng.uniform(0.3, 1.0) * top.get(kind, 0.1)
             if kind in kinds and draw_on < 0.6:
                 p[kind] = round(rate, 4)

@@ -76,6 +76,8 @@ class ActorCtx:
         self.crash_at: int | None = None
         #: Kill the session just before the next COMMIT, if set.
         self.drop_at_commit = False
+        #: Hold the next COMMIT for this many virtual seconds (locks stay held), if set.
+        self.slow_commit_s: float | None = None
         self.stmt_count = 0
         self.commit_step: int | None = None
         self.last_statement = ""
@@ -154,6 +156,10 @@ class ActorCtx:
         if self.crashed:
             return
         self.last_statement = "COMMIT"
+        if self.slow_commit_s is not None:
+            held, self.slow_commit_s = self.slow_commit_s, None
+            self.driver.record(self.name, "SLOW", f"commit held {held:g}s")
+            self.sleep(held)  # others run meanwhile; this transaction's locks stay held
         self._yield("stmt")
         self.commit_step = self.driver.step
         self.driver.record(self.name, "COMMIT")

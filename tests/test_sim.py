@@ -222,3 +222,10 @@ def test_ttl_sweep_default_ratio_without_pauses_recovers_within_the_band(backend
     assert d["recovery_n"] > 0
     assert d["recovery_in_band"] == d["recovery_n"]
     assert "| L/h |" in ttl.markdown([ttl.measure(ttl.Cell(8.0, "none", 0), seeds=())])
+
+
+def test_slow_commits_keep_every_guarantee(backend: Any) -> None:
+    """Finalizes whose COMMIT is held while others run (locks kept) break no checker."""
+    res = run(scenario("default", 3, ("slow_commit", "crash")), _server(backend))
+    assert res.world.faults["slow_commit"] > 0
+    assert _failed(_checks(res)) == {}
