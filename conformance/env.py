@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
+from readyq_sim.clock import VirtualClock
 from sqlalchemy.engine import Connection, Engine
 
 import readyq
@@ -23,31 +23,12 @@ __all__ = ["Env", "ManualClock"]
 START_US = 1_767_225_600_000_001
 
 
-class ManualClock:
-    """readyq's Clock, moved only by the test (thread-safe); ``wait`` never sleeps."""
+class ManualClock(VirtualClock):
+    """The simulator's virtual clock, started at a non-zero microsecond so the suite
+    notices any dialect that drops fractions of a second."""
 
     def __init__(self, start_us: int = START_US) -> None:
-        self._now = start_us
-        self._lock = threading.Lock()
-
-    def now_us(self) -> int:
-        with self._lock:
-            return self._now
-
-    def monotonic(self) -> float:
-        return self.now_us() / 1e6
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        if not event.is_set():
-            self.advance(timeout)
-        return event.is_set()
-
-    def advance(self, seconds: float) -> int:
-        if seconds < 0:
-            raise ValueError("time never goes backwards")
-        with self._lock:
-            self._now += round(seconds * 1e6)
-            return self._now
+        super().__init__(start_us)
 
 
 @dataclass
