@@ -8,8 +8,8 @@ batches) that a separate enqueuer process inserts while they run. Meanwhile the 
 * SIGTERMs a worker (it must exit 0) and starts a fresh one;
 * cuts every database connection of the run's database (PostgreSQL ``pg_terminate_backend``,
   MariaDB ``KILL CONNECTION``);
-* restarts a private PostgreSQL server (its own data directory and port, never the shared
-  server), when this machine has the binaries.
+* restarts a private PostgreSQL or MariaDB server (its own data directory and port, never
+  the shared server) twice, when this machine has the binaries.
 
 Handlers (tests/chaos_handlers.py) record each execution (job, lease token, pid, start, end)
 in a side table; the workers' own events go to one JSON-lines file per process. After
@@ -18,8 +18,7 @@ result of the token that finalized it (the highest one); no execution started wh
 earlier lease of its job could still be live; every re-execution explained by a fault;
 nothing left leased; workers exit 0 on SIGTERM.
 
-Run with ``-s`` to see the counts. Marked slow (the lead is asked to register a ``chaos``
-marker for ``.ci/run``).
+Run with ``-s`` to see the counts; ``-m chaos`` selects this file.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import sqlalchemy as sa
@@ -54,7 +53,7 @@ TESTS = ROOT / "tests"
 sys.path.insert(0, str(TESTS))
 import chaos_handlers  # noqa: E402 -- after the path entry, as worker processes import it
 
-pytestmark = [pytest.mark.slow, pytest.mark.backend]
+pytestmark = [pytest.mark.slow, pytest.mark.backend, pytest.mark.chaos]
 
 WORKERS = 3
 CONCURRENCY = 4
@@ -64,6 +63,8 @@ HEARTBEAT = 0.5
 CLAIM_SLACK = 0.5
 #: Server restarts per run (each costs a few seconds of the time budget).
 MAX_RESTARTS = 2
+#: Which injections restart the server, in a restart run: the 2nd and the 5th.
+RESTART_PLAN = {1: "restart", 4: "restart"}
 BATCHES = 14  # x JOBS_PER_BATCH = 280 jobs
 WARMUP_JOBS = 20
 CHAOS_SECONDS = 12.0
@@ -91,8 +92,9 @@ class Server:
 
     name = "sqlite"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, restart: Callable[[], None] | None = None) -> None:
         self.url = url
+        self._restart = restart
 
     def side_url(self, tmp: Path) -> str:
         return self.url
@@ -102,7 +104,11 @@ class Server:
         return None
 
     def restart(self) -> bool:
-        return False
+        """Restart the server (returns once it answers); False if this one cannot."""
+        if self._restart is None:
+            return False
+        self._restart()
+        return True
 
     def diagnose(self) -> str:
         """The server's view of the run's sessions (for a run that did not heal)."""
@@ -119,8 +125,7 @@ class PostgreSQLServer(Server):
     name = "postgresql"
 
     def __init__(self, url: str, restart: Callable[[], None] | None = None) -> None:
-        super().__init__(url)
-        self._restart = restart
+        super().__init__(url, restart)
         self.database = sa.make_url(url).database
 
     def cut(self) -> int:
@@ -153,12 +158,6 @@ class PostgreSQLServer(Server):
             return "pg_stat_activity:\n" + "\n".join(map(str, rows))
         finally:
             engine.dispose()
-
-    def restart(self) -> bool:
-        if self._restart is None:
-            return False
-        self._restart()
-        return True
 
 
 class MariaDBServer(Server):
@@ -256,10 +255,12 @@ class Chaos:
     tmp: Path
     seed: int
     kinds: tuple[str, ...]
+    plan: dict[int, str] = field(default_factory=dict)  # injection number -> kind, else random
     procs: dict[int, Proc] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
     exits: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, rc) on SIGTERM
     spawned: int = 0
+    injected: int = 0
     hung: list[Path] = field(default_factory=list)  # logs of workers that ignored SIGTERM
 
     def __post_init__(self) -> None:
@@ -314,7 +315,8 @@ class Chaos:
         return [p for p in self.procs.values() if p.stopped_until is None]
 
     def inject(self) -> None:
-        kind = self.rng.choice(self.kinds)
+        kind = self.plan.get(self.injected) or self.rng.choice(self.kinds)
+        self.injected += 1
         now = time.time()
         live = self.running()
         if kind in ("kill", "stop", "term") and not live:
@@ -611,17 +613,26 @@ def verify(chaos: Chaos, queue_engine: sa.Engine, side: sa.Engine, expected: int
         "sigterm exits": len(chaos.exits),
         "crashes": [f.detail for f in chaos.faults if f.kind == "crash"],
     }
+    restarts = [f for f in chaos.faults if f.kind == "restart"]
+    if restarts:  # how long the server was away (the fault's until is when it answered)
+        counts["restart seconds"] = [round((f.until or f.t) - f.t, 1) for f in restarts]
     return Verdict(counts, problems)
 
 
-def run_chaos(server: Server, tmp: Path, kinds: tuple[str, ...], seed: int) -> Verdict:
-    """Enqueue while workers run under faults; heal; stop the workers; verify."""
+def run_chaos(
+    server: Server,
+    tmp: Path,
+    kinds: tuple[str, ...],
+    seed: int,
+    plan: dict[int, str] | None = None,
+) -> Verdict:
+    """Enqueue while workers run under faults (``plan`` fixes some); heal; stop; verify."""
     queue_engine = sa.create_engine(server.url, poolclass=NullPool)
     side = chaos_handlers.side_engine(server.side_url(tmp))
     chaos_handlers.side.drop_all(side)
     chaos_handlers.side.create_all(side)
     monitor = readyq.Queue(queue_engine)
-    chaos = Chaos(server, tmp, seed, kinds)
+    chaos = Chaos(server, tmp, seed, kinds, dict(plan or {}))
     expected = BATCHES * chaos_handlers.JOBS_PER_BATCH
     enqueue_log = tmp / "enqueue.log"
     start = time.monotonic()
@@ -778,7 +789,7 @@ def test_worker_process_survives_a_cut_connection(
         q.close()
 
 
-# -- a private PostgreSQL server, restarted mid-run -----------------------------------------
+# -- private servers (PostgreSQL, MariaDB), restarted mid-run ---------------------------
 
 
 def _pg_bin() -> Path | None:
@@ -790,6 +801,13 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _init_datadir(cmd: list[str], give_up: Callable[[str], NoReturn]) -> None:
+    """Run a server's data-directory initializer; ``give_up`` (skip or fail) if it fails."""
+    done = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
+    if done.returncode != 0:
+        give_up(f"{' '.join(cmd)} failed: {done.stderr.decode(errors='replace')[-500:]}")
 
 
 @contextlib.contextmanager
@@ -818,7 +836,7 @@ def private_postgresql() -> Iterator[tuple[str, Callable[[], None]]]:
         subprocess.run(cmd, check=True, capture_output=True, timeout=90)
 
     try:
-        init = subprocess.run(
+        _init_datadir(
             [
                 *as_postgres,
                 str(bindir / "initdb"),
@@ -829,12 +847,8 @@ def private_postgresql() -> Iterator[tuple[str, Callable[[], None]]]:
                 "-A",
                 "trust",
             ],
-            capture_output=True,
-            timeout=120,
-            check=False,
+            pytest.skip,
         )
-        if init.returncode != 0:
-            pytest.skip(f"initdb failed: {init.stderr.decode(errors='replace')[-300:]}")
         ctl("-o", opts, "-l", str(root / "log"), "start")
         url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
         yield url, lambda: ctl("-o", opts, "-l", str(root / "log"), "-m", "fast", "restart")
@@ -845,15 +859,136 @@ def private_postgresql() -> Iterator[tuple[str, Callable[[], None]]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_private_postgresql_restarted_mid_run_loses_nothing(tmp_path: Path) -> None:
-    """`pg_ctl restart` of a private server during the run: workers come back, nothing lost."""
-    with private_postgresql() as (url, restart):
+def _mariadb_bins() -> tuple[str, str] | None:
+    """``mariadbd`` and ``mariadb-install-db`` (sbin is often off a non-root PATH)."""
+    path = f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin"
+    server = shutil.which("mariadbd", path=path)
+    install = shutil.which("mariadb-install-db", path=path) or shutil.which(
+        "mysql_install_db", path=path
+    )
+    return (server, install) if server and install else None
+
+
+@dataclass
+class PrivateMariaDB:
+    """``mariadbd`` on its own data directory and port, a child of this process; only this
+    child is ever signalled (never the shared server on 3306)."""
+
+    server: str
+    root: Path
+    port: int = field(default_factory=_free_port)
+    popen: subprocess.Popen[bytes] | None = None
+
+    def args(self) -> list[str]:
+        args = [
+            "--no-defaults",  # first, or it is ignored: nothing from /etc/mysql
+            f"--datadir={self.root / 'data'}",
+            f"--port={self.port}",
+            "--bind-address=127.0.0.1",
+            f"--socket={self.root / 'sock'}",
+            f"--pid-file={self.root / 'pid'}",
+            f"--log-error={self.root / 'error.log'}",
+            "--skip-name-resolve",
+            "--innodb-flush-log-at-trx-commit=0",  # like PostgreSQL's fsync=off here
+            "--innodb-buffer-pool-size=64M",
+        ]
+        return [*args, "--user=root"] if os.geteuid() == 0 else args
+
+    @property
+    def url(self) -> str:
+        return f"mysql+pymysql://root@127.0.0.1:{self.port}/readyq"
+
+    def log(self) -> str:
+        path = self.root / "error.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else "(no error log)"
+
+    def install(self, install_db: str) -> None:
+        cmd = [
+            install_db,
+            "--no-defaults",
+            f"--datadir={self.root / 'data'}",
+            "--auth-root-authentication-method=normal",  # root, empty password
+            "--skip-test-db",
+        ]
+        _init_datadir([*cmd, "--user=root"] if os.geteuid() == 0 else cmd, pytest.fail)
+
+    def start(self, timeout: float = 60) -> None:
+        with (self.root / "stdout.log").open("ab") as out:
+            self.popen = subprocess.Popen(
+                [self.server, *self.args()], stdout=out, stderr=subprocess.STDOUT
+            )
+        admin = sa.create_engine(f"mysql+pymysql://root@127.0.0.1:{self.port}/", poolclass=NullPool)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    with admin.connect() as conn:
+                        conn.exec_driver_sql("CREATE DATABASE IF NOT EXISTS readyq")
+                    return
+                except sa.exc.OperationalError:
+                    rc = self.popen.poll()
+                    if rc is not None or time.monotonic() > deadline:
+                        pytest.fail(f"private mariadbd did not start (rc={rc}):\n{self.log()}")
+                    time.sleep(0.1)
+        finally:
+            admin.dispose()
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM: a clean shutdown, as ``mariadb-admin shutdown`` would do."""
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.terminate()
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(10)
+            pytest.fail(f"private mariadbd ignored SIGTERM for {timeout}s:\n{self.log()}")
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@contextlib.contextmanager
+def private_mariadb(root: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+    """mariadb-install-db + mariadbd on a free port under ``root``; stopped and removed after.
+
+    Skips only when the binaries are missing; a server that is there but will not start fails.
+    """
+    bins = _mariadb_bins()
+    if bins is None:
+        pytest.skip("no mariadbd / mariadb-install-db on this machine")
+    root.mkdir(parents=True)
+    server = PrivateMariaDB(bins[0], root)
+    try:
+        server.install(bins[1])
+        server.start()
+        yield server.url, server.restart
+    finally:
+        if server.popen is not None and server.popen.poll() is None:
+            server.popen.kill()  # no clean shutdown needed: the data is deleted next
+            server.popen.wait(10)
+        shutil.rmtree(root / "data", ignore_errors=True)
+
+
+@pytest.mark.parametrize("name", ["postgresql", "mariadb"])
+def test_private_server_restarted_mid_run_loses_nothing(name: str, tmp_path: Path) -> None:
+    """A private server restarted twice during the run: workers come back, nothing lost."""
+    server_class: type[Server]
+    if name == "postgresql":
+        private, server_class = private_postgresql(), PostgreSQLServer
+    else:
+        private, server_class = private_mariadb(tmp_path / "mariadb"), MariaDBServer
+    with private as (url, restart):
         with readyq.Queue(url) as q:
             q.install()
-        server = PostgreSQLServer(url, restart=restart)
-        verdict = run_chaos(server, tmp_path, ("restart", "kill", "cut"), seed=int(time.time()))
-    report("private postgresql (restarts)", verdict)
+        server = server_class(url, restart=restart)
+        verdict = run_chaos(
+            server, tmp_path, ("kill", "cut"), seed=int(time.time()), plan=RESTART_PLAN
+        )
+    report(f"private {name} (restarts)", verdict)
     assert verdict.problems == []
-    assert verdict.counts["faults"].get("restart", 0) > 0
+    assert verdict.counts["faults"].get("restart", 0) == MAX_RESTARTS
     assert verdict.counts["lost"] == 0
     assert verdict.counts["crashes"] == []  # workers reconnect on their own
