@@ -168,18 +168,26 @@ def _update_by_id(
 
 def unfenced_finalize(base: type[Adapter]) -> type[Adapter]:
     """finalize() that updates by job id only, ignoring the lease token (patched into
-    readyq._store.finalize for this process): a stale worker overwrites the new holder."""
-    real = _store.finalize
+    readyq._store.finalize and finalize_many for this process): a stale worker overwrites
+    the new holder."""
+    real, real_many = _store.finalize, _store.finalize_many
 
-    def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: int) -> Outcome:
+    def adopt(conn: Connection, lease: Lease) -> Lease:
         current = conn.execute(
             sa.select(c.lease_token, c.state).where(c.id == lease.job_id)
         ).first()
         if current is not None and current.state == "running":
-            lease = Lease(**{**lease.__dict__, "token": current.lease_token})
-        return real(conn, ad, lease, result, now=now)
+            return Lease(**{**lease.__dict__, "token": current.lease_token})
+        return lease
+
+    def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: int) -> Outcome:
+        return real(conn, ad, adopt(conn, lease), result, now=now)
+
+    def finalize_many(conn: Connection, ad: Adapter, items: Any, *, now: int) -> Any:
+        return real_many(conn, ad, [(adopt(conn, ls), r) for ls, r in items], now=now)
 
     _store.finalize = finalize  # type: ignore[assignment]
+    _store.finalize_many = finalize_many
     return base
 
 

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 
 import readyq
-from readyq import graph
+from readyq import _guards, _store, graph
 from readyq._store import _ORDER
 from readyq.clock import from_us, to_us
 from readyq.dialects import Adapter
@@ -82,6 +82,10 @@ CAPABILITIES: dict[str, str] = {
         "from claimers (PostgreSQL FOR NO KEY UPDATE; InnoDB has no such lock mode)"
     ),
     "update_returning": "UPDATE ... RETURNING returns the updated rows",
+    "claim_in_one_statement": (
+        "a claim runs as one statement: an UPDATE ... RETURNING whose rows come from a "
+        "locked, limited select of the same table in a MATERIALIZED CTE"
+    ),
     "microsecond_timestamps": "times readyq stores keep their microseconds",
     "listen_notify": "LISTEN/NOTIFY delivers a notification between two sessions",
     "serialized_writers": "only one write transaction runs at a time (SQLite)",
@@ -119,6 +123,9 @@ class Requirements:
 
     def declare_update_returning(self, ad: Adapter) -> bool:
         return ad.update_returning
+
+    def declare_claim_in_one_statement(self, ad: Adapter) -> bool:
+        return ad.claim_in_one_statement
 
     def declare_microsecond_timestamps(self, ad: Adapter) -> bool:
         return True  # readyq stores BIGINT epoch microseconds on every database
@@ -279,6 +286,20 @@ class Requirements:
             finally:
                 tx.rollback()
         return Probe(got == [job], f"RETURNING gave {got}")
+
+    def probe_claim_in_one_statement(self, env: Env) -> Probe:
+        self._ready_jobs(env, 2)
+        stmt = _store._claim_one_statement(env.adapter, _guards.guard)
+        params = {"now": 2**62, "n": 1, "owner": "probe", "expires": 2**62}
+        with env.engine.connect() as conn, conn.begin() as tx:
+            try:
+                got = [int(r.id) for r in conn.execute(stmt, params)]
+            except (sa.exc.CompileError, sa.exc.DBAPIError) as exc:
+                return Probe(False, f"{type(exc).__name__}: {str(exc).splitlines()[0]:.200}")
+            finally:
+                tx.rollback()
+        # Rolled back: other probes' ready jobs may come first, but exactly one is leased.
+        return Probe(len(got) == 1, f"the one-statement claim (limit 1) leased {got}")
 
     def probe_microsecond_timestamps(self, env: Env) -> Probe:
         clock = ManualClock()

@@ -44,38 +44,81 @@ _PROMOTE = (
 )
 
 
+def _promote_many() -> sa.Update:
+    """Several parents done at once: each child loses one count per finished parent."""
+    done: sa.BindParameter[Any] = sa.bindparam("done", expanding=True)
+    edges = sa.select(deps.c.job_id).where(deps.c.depends_on.in_(done))
+    n = (
+        sa.select(sa.func.count())
+        .where(deps.c.job_id == c.id, deps.c.depends_on.in_(done))
+        .scalar_subquery()
+    )
+    last = sa.and_(c.state.in_(sorted(s.value for s in T["promote"].sources)), c.pending_deps == n)
+    return (
+        sa.update(jobs)
+        .where(c.id.in_(edges))
+        .ordered_values(
+            (c.state, sa.case((last, T["promote"].target.value), else_=c.state)),
+            (c.pending_deps, c.pending_deps - n),
+        )
+    )
+
+
+_PROMOTE_MANY = _promote_many()
+
+
 def after_terminal(
-    conn: Connection, ad: Adapter, settled: list[tuple[int, JobState, int | None]], *, now: int
-) -> int:
+    conn: Connection,
+    ad: Adapter,
+    settled: list[tuple[int, JobState, int | None]],
+    *,
+    now: int,
+    locked: bool = False,
+) -> dict[int, int]:
     """Consequences of jobs reaching a terminal state, in the same transaction.
 
     DONE promotes dependents whose last open dependency this was (an atomic counter
     decrement: the child's row lock serializes parents finishing together, NOTES 9).
     FAILED/CANCELLED cancels dependents, transitively. Either way the parent container's
-    open-children counter drops, and the last child rolls the container up. Returns how
-    many dependents were touched (decremented or cancelled).
+    open-children counter drops, and the last child rolls the container up. Returns, per
+    settled job, how many dependents were touched (decremented, cancelled, rolled up).
+
+    ``locked``: the caller already took the terminal lock on the settled jobs' rows.
+    Dependents of several DONE jobs are promoted in one statement (their total only).
     """
-    touched = 0
-    work = list(settled)
-    while work:
-        job_id, state, parent = work.pop()
-        lock = _terminal_lock(ad)
-        if lock is not None:
+    touched = {job_id: 0 for job_id, _, _ in settled}
+    lock = _terminal_lock(ad)
+    if not locked and lock is not None:
+        for job_id, _, _ in settled:
             conn.execute(lock, {"job_id": job_id})
-        if state == S.DONE:
-            touched += conn.execute(_PROMOTE, {"job_id": job_id}).rowcount
-        else:
-            waiting = sa.select(deps.c.job_id).where(deps.c.depends_on == job_id)
-            dependents = sorted(conn.execute(waiting).scalars())
-            if dependents:
-                reason = f"cancelled: dependency {job_id} ended {state.value}"
-                cancelled = cancel_rows(conn, ad, dependents, reason=reason, by=job_id, now=now)
-                touched += len(cancelled)
-                work += cancelled
-        if parent is not None:
-            rolled = _rollup(conn, ad, parent, now=now)
-            touched += len(rolled)
-            work += rolled
+    done = [job_id for job_id, state, _ in settled if state == S.DONE]
+    if len(done) == 1:
+        touched[done[0]] += conn.execute(_PROMOTE, {"job_id": done[0]}).rowcount
+    elif done:
+        touched[done[0]] += conn.execute(_PROMOTE_MANY, {"done": done}).rowcount
+    for job_id, state, parent in settled:
+        work = [(job_id, state, parent)]
+        first = True
+        while work:
+            jid, st, par = work.pop()
+            if not first:
+                if lock is not None:
+                    conn.execute(lock, {"job_id": jid})
+                if st == S.DONE:
+                    touched[job_id] += conn.execute(_PROMOTE, {"job_id": jid}).rowcount
+            if st != S.DONE:
+                waiting = sa.select(deps.c.job_id).where(deps.c.depends_on == jid)
+                dependents = sorted(conn.execute(waiting).scalars())
+                if dependents:
+                    reason = f"cancelled: dependency {jid} ended {st.value}"
+                    cancelled = cancel_rows(conn, ad, dependents, reason=reason, by=jid, now=now)
+                    touched[job_id] += len(cancelled)
+                    work += cancelled
+            first = False
+            if par is not None:
+                rolled = _rollup(conn, ad, par, now=now)
+                touched[job_id] += len(rolled)
+                work += rolled
     return touched
 
 

@@ -20,7 +20,7 @@ from ._guards import LEASE_CLEARED as _LEASE_CLEARED
 from ._guards import cut as _cut
 from ._guards import guard as _guard
 from .dialects import Adapter
-from .errors import LeaseLost
+from .errors import LeaseLost, UnsupportedDatabase
 from .job import TERMINAL, TRANSITIONS, JobState, Lease, Outcome, decode_payload
 from .schema import deps, jobs
 
@@ -48,16 +48,7 @@ class ReclaimCounts:
 
 _ORDER = (c.priority, c.run_after_us, c.id)
 
-
-@functools.lru_cache(maxsize=64)
-def _claim_select(ad: Adapter, grouped: bool) -> sa.Select[Any]:
-    """The locked ready-set select, built once per adapter (values are bind parameters)."""
-    stmt = sa.select(c.id).where(c.state == S.READY.value, c.run_after_us <= sa.bindparam("now"))
-    if grouped:
-        stmt = stmt.where(c.group_key == sa.bindparam("group"))
-    return ad.lock_claimable(stmt.order_by(*_ORDER).limit(sa.bindparam("n")))
-
-
+#: What a lease is built from (priority and run_after_us put the rows in claim order).
 _LEASE_COLS = (
     c.id,
     c.lease_token,
@@ -67,28 +58,61 @@ _LEASE_COLS = (
     c.attempts,
     c.max_attempts,
     c.deadline_us,
+    c.priority,
+    c.run_after_us,
 )
 
 
 @functools.lru_cache(maxsize=64)
-def _claim_update(returning: bool, guard: Callable[[str], sa.ColumnElement[bool]]) -> Any:
-    """READY -> RUNNING for the picked ids; ``guard`` is part of the key (tests patch it)."""
+def _claim_select(ad: Adapter, grouped: bool) -> sa.Select[Any]:
+    """The locked ready-set select, built once per adapter (values are bind parameters).
+
+    Only the id: the ready index covers it. A wider select on MariaDB sorts in a filesort,
+    and SKIP LOCKED then drops locked rows the LIMIT already counted (a claim gets fewer
+    jobs than are ready).
+    """
+    stmt = sa.select(c.id).where(c.state == S.READY.value, c.run_after_us <= sa.bindparam("now"))
+    if grouped:
+        stmt = stmt.where(c.group_key == sa.bindparam("group"))
+    return ad.lock_claimable(stmt.order_by(*_ORDER).limit(sa.bindparam("n")))
+
+
+def _claim_values() -> dict[str, Any]:
     now = sa.bindparam("now", type_=sa.BigInteger())
-    upd = (
+    return {
+        "state": T["claim"].target.value,
+        "lease_token": c.lease_token + 1,
+        "lease_owner": sa.bindparam("owner"),
+        "lease_expires_us": sa.bindparam("expires"),
+        "heartbeat_us": now,
+        "started_us": now,
+        "attempts": c.attempts + 1,
+        "deadline_us": sa.case((c.timeout_us.is_(None), None), else_=now + c.timeout_us),
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_update(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]]) -> Any:
+    """READY -> RUNNING for the picked ids; ``guard`` is part of the key (tests patch it)."""
+    picked = c.id.in_(sa.bindparam("ids", expanding=True))
+    upd = sa.update(jobs).where(picked, guard("claim")).values(_claim_values())
+    return upd.returning(*_LEASE_COLS) if ad.update_returning else upd
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_one_statement(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]]) -> Any:
+    """The ungrouped claim as one statement: the locked select is the UPDATE's CTE.
+
+    MATERIALIZED: the select (and its LIMIT and row locks) runs exactly once; a CTE the
+    planner inlined into the IN could be re-evaluated and lock more rows than asked for.
+    """
+    picked = _claim_select(ad, False).cte("picked").prefix_with("MATERIALIZED")
+    return (
         sa.update(jobs)
-        .where(c.id.in_(sa.bindparam("ids", expanding=True)), guard("claim"))
-        .values(
-            state=T["claim"].target.value,
-            lease_token=c.lease_token + 1,
-            lease_owner=sa.bindparam("owner"),
-            lease_expires_us=sa.bindparam("expires"),
-            heartbeat_us=now,
-            started_us=now,
-            attempts=c.attempts + 1,
-            deadline_us=sa.case((c.timeout_us.is_(None), None), else_=now + c.timeout_us),
-        )
+        .where(c.id.in_(sa.select(picked.c.id)), guard("claim"))
+        .values(_claim_values())
+        .returning(*_LEASE_COLS)
     )
-    return upd.returning(*_LEASE_COLS) if returning else upd
 
 
 # Read back only what this UPDATE leased: correct even if a lock clause failed.
@@ -98,6 +122,34 @@ _CLAIM_READ_BACK = sa.select(*_LEASE_COLS).where(
     c.lease_owner == sa.bindparam("owner"),
     c.started_us == sa.bindparam("now"),
 )
+
+
+def _pick(conn: Connection, ad: Adapter, now: int, limit: int, groups: Sequence[str]) -> list[int]:
+    """Locked ready rows in ranked group order (the claim's first statements)."""
+    # One locked select per group, in ranked order; a group whose rows are taken (or
+    # gone) falls through to the next. Then a second pass gives unused slots to any
+    # group that still had more, so the claim is work-conserving.
+    wanted: dict[str, int] = {}
+    for g in groups:
+        wanted[g] = wanted.get(g, 0) + 1
+    picked: list[int] = []
+    full: list[str] = []
+    select = _claim_select(ad, True)
+    for g, asked in wanted.items():
+        n = min(asked, limit - len(picked))
+        if n <= 0:
+            break
+        got = list(conn.execute(select, {"now": now, "n": n, "group": g}).scalars())
+        picked += got
+        if len(got) == n:
+            full.append(g)
+    for g in full:
+        n = limit - len(picked)
+        if n <= 0:
+            break
+        stmt = select.where(c.id.not_in(picked))
+        picked += conn.execute(stmt, {"now": now, "n": n, "group": g}).scalars()
+    return picked
 
 
 def claim(
@@ -111,44 +163,30 @@ def claim(
     groups: Sequence[str] | None,
 ) -> list[Lease]:
     """READY -> RUNNING for up to ``limit`` jobs, in ranked group order when given."""
-    picked: list[int] = []
+    params: dict[str, Any] = {"now": now, "owner": worker_id, "expires": now + ttl_us}
+    if groups is None and ad.claim_in_one_statement:
+        rows = list(conn.execute(_claim_one_statement(ad, _guard), {**params, "n": limit}))
+        rows.sort(key=lambda r: (r.priority, r.run_after_us, r.id))
+        return _leases(rows, worker_id, now + ttl_us)
     if groups is None:
-        picked = list(conn.execute(_claim_select(ad, False), {"now": now, "n": limit}).scalars())
+        ids = list(conn.execute(_claim_select(ad, False), {"now": now, "n": limit}).scalars())
     else:
-        # One locked select per group, in ranked order; a group whose rows are taken (or
-        # gone) falls through to the next. Then a second pass gives unused slots to any
-        # group that still had more, so the claim is work-conserving.
-        wanted: dict[str, int] = {}
-        for g in groups:
-            wanted[g] = wanted.get(g, 0) + 1
-        full: list[str] = []
-        for g, asked in wanted.items():
-            n = min(asked, limit - len(picked))
-            if n <= 0:
-                break
-            params = {"now": now, "n": n, "group": g}
-            got = list(conn.execute(_claim_select(ad, True), params).scalars())
-            picked += got
-            if len(got) == n:
-                full.append(g)
-        base = sa.select(c.id).where(c.state == S.READY, c.run_after_us <= now).order_by(*_ORDER)
-        for g in full:
-            n = limit - len(picked)
-            if n <= 0:
-                break
-            stmt = base.where(c.group_key == g, c.id.not_in(picked)).limit(n)
-            picked += conn.execute(ad.lock_claimable(stmt)).scalars()
-    if not picked:
+        ids = _pick(conn, ad, now, limit, groups)
+    if not ids:
         return []
-    params = {"ids": picked, "now": now, "owner": worker_id, "expires": now + ttl_us}
-    upd = _claim_update(ad.update_returning, _guard)
+    params["ids"] = ids
+    upd = _claim_update(ad, _guard)
     if ad.update_returning:
         rows = list(conn.execute(upd, params).all())
     else:
         conn.execute(upd, params)
         rows = list(conn.execute(_CLAIM_READ_BACK, params).all())
-    order = {job_id: i for i, job_id in enumerate(picked)}
+    order = {job_id: i for i, job_id in enumerate(ids)}
     rows.sort(key=lambda r: order[r.id])
+    return _leases(rows, worker_id, now + ttl_us)
+
+
+def _leases(rows: Iterable[Any], worker_id: str, expires_us: int) -> list[Lease]:
     return [
         Lease(
             job_id=r.id,
@@ -159,7 +197,7 @@ def claim(
             group=r.group_key,
             attempt=r.attempts,
             max_attempts=r.max_attempts,
-            expires_us=now + ttl_us,
+            expires_us=expires_us,
             deadline_us=r.deadline_us,
         )
         for r in rows
@@ -209,6 +247,10 @@ def _fenced(lease: Lease) -> sa.ColumnElement[bool]:
 
 def _lost(conn: Connection, lease: Lease, doing: str) -> LeaseLost:
     row = conn.execute(sa.select(c.state, c.lease_token).where(c.id == lease.job_id)).first()
+    return _lost_from(row, lease, doing)
+
+
+def _lost_from(row: Any, lease: Lease, doing: str) -> LeaseLost:
     if row is None:
         now_is = "the job no longer exists"
     else:
@@ -255,46 +297,89 @@ def _replay(conn: Connection, lease: Lease, expect: Iterable[JobState]) -> Outco
 
 
 @functools.lru_cache(maxsize=64)
-def _finalize_update(returning: bool) -> Any:
-    upd = (
-        sa.update(jobs)
-        .where(
-            c.id == sa.bindparam("job_id"),
-            c.lease_token == sa.bindparam("token"),
-            c.state == S.RUNNING.value,
+def _settle_lock(ad: Adapter) -> sa.Select[Any]:
+    """The rows of jobs about to finish, locked: the lock a job reaching a terminal state
+    takes (it waits for open transactions adding dependents, see Adapter.lock_terminal)."""
+    stmt = sa.select(c.id, c.state, c.lease_token, c.settled_token, c.parent_id).where(
+        c.id.in_(sa.bindparam("ids", expanding=True))
+    )
+    stmt = stmt.order_by(c.id)  # one lock order for every finalizer: no deadlock among them
+    locked = ad.lock_terminal(stmt)
+    return ad.lock_update(stmt) if locked is None else locked
+
+
+@functools.lru_cache(maxsize=128)
+def _finalize_update(n: int) -> Any:
+    """RUNNING -> DONE for ``n`` locked, verified rows, each with its own result."""
+    if n == 1:
+        result: Any = sa.bindparam("r0")
+    else:
+        result = sa.case(
+            {sa.bindparam(f"i{k}"): sa.bindparam(f"r{k}") for k in range(n)}, value=c.id
         )
+    return (
+        sa.update(jobs)
+        .where(c.id.in_(sa.bindparam("ids", expanding=True)), _guard("finalize"))
         .values(
             state=T["finalize"].target.value,
-            result=sa.bindparam("result"),
-            settled_token=sa.bindparam("token"),
+            result=result,
+            settled_token=c.lease_token,
             finished_us=sa.bindparam("now"),
             error=None,
             **_LEASE_CLEARED,
         )
     )
-    return upd.returning(c.parent_id) if returning else upd
 
 
-_PARENT = sa.select(c.parent_id).where(c.id == sa.bindparam("job_id"))
+def finalize_many(
+    conn: Connection, ad: Adapter, items: Sequence[tuple[Lease, str]], *, now: int
+) -> list[Outcome | LeaseLost]:
+    """RUNNING -> DONE for each (lease, result), promoting dependents, rolling up containers.
+
+    Each job is all-or-nothing and independent of the others: a stale lease gets its
+    LeaseLost in its slot (nothing of it changes), the live ones are finalized. Job ids
+    must be distinct.
+    """
+    ids = [lease.job_id for lease, _ in items]
+    rows = {r.id: r for r in conn.execute(_settle_lock(ad), {"ids": ids})}
+    out: list[Outcome | LeaseLost] = []
+    live: list[tuple[Lease, str]] = []
+    for lease, result in items:
+        row = rows.get(lease.job_id)
+        if row is not None and row.state == S.RUNNING and row.lease_token == lease.token:
+            live.append((lease, result))
+            out.append(Outcome(lease.job_id, lease.token, S.DONE))
+        elif row is not None and row.state == S.DONE and row.settled_token == lease.token:
+            out.append(Outcome(lease.job_id, lease.token, S.DONE, replayed=True))
+        else:
+            out.append(_lost_from(row, lease, "finalize"))
+    if not live:
+        return out
+    params: dict[str, Any] = {"ids": [lease.job_id for lease, _ in live], "now": now}
+    for k, (lease, result) in enumerate(live):
+        params[f"i{k}"], params[f"r{k}"] = lease.job_id, result
+    changed = conn.execute(_finalize_update(len(live)), params).rowcount
+    if changed != len(live):  # locked and verified above: the adapter's lock did not hold
+        raise UnsupportedDatabase(
+            f"finalize changed {changed} of {len(live)} rows it had locked: the adapter's "
+            "lock_terminal/lock_update does not lock (run the conformance suite)"
+        )
+    settled = [(lease.job_id, S.DONE, rows[lease.job_id].parent_id) for lease, _ in live]
+    touched = after_terminal(conn, ad, settled, now=now, locked=True)
+    return [
+        Outcome(o.job_id, o.token, o.state, dependents=touched[o.job_id])
+        if isinstance(o, Outcome) and not o.replayed
+        else o
+        for o in out
+    ]
 
 
 def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: int) -> Outcome:
-    """RUNNING -> DONE with the result, promoting dependents and rolling up containers."""
-    params = {"job_id": lease.job_id, "token": lease.token, "result": result, "now": now}
-    upd = _finalize_update(ad.update_returning)
-    if ad.update_returning:
-        row = conn.execute(upd, params).first()
-        done, parent = row is not None, None if row is None else row.parent_id
-    else:
-        done = conn.execute(upd, params).rowcount == 1
-        parent = conn.execute(_PARENT, params).scalar()
-    if not done:
-        replay = _replay(conn, lease, {S.DONE})
-        if replay is not None:
-            return replay
-        raise _lost(conn, lease, "finalize")
-    touched = after_terminal(conn, ad, [(lease.job_id, S.DONE, parent)], now=now)
-    return Outcome(lease.job_id, lease.token, S.DONE, dependents=touched)
+    """RUNNING -> DONE with the result; LeaseLost if the lease is stale (see finalize_many)."""
+    (outcome,) = finalize_many(conn, ad, [(lease, result)], now=now)
+    if isinstance(outcome, LeaseLost):
+        raise outcome
+    return outcome
 
 
 def fail(

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import _dag, _store, dialects
 from .clock import Clock, SystemClock, from_us
-from .errors import InvalidJob, SchemaNotInstalled, UnknownJob
+from .errors import InvalidJob, LeaseLost, SchemaNotInstalled, UnknownJob
 from .graph import DEFAULT_MAX_ATTEMPTS, Graph, Ref
 from .job import JobInfo, JobState, Lease, Outcome, decode_payload, encode_payload
 from .retry import Backoff
@@ -357,6 +357,34 @@ class Queue:
         return self._write(
             lambda conn, ad, now: _store.finalize(conn, ad, _lease(lease), text, now=now),
             notify=lambda outcome: outcome.dependents > 0,
+        )
+
+    def finalize_many(
+        self, results: Iterable[tuple[Lease, dict[str, Any] | None]]
+    ) -> list[Outcome | LeaseLost]:
+        """Finalize several leases in one transaction: one commit for all of them.
+
+        Each job is still all-or-nothing (its result, its state and its dependents'
+        promotion together), and independent of the others: a stale lease does not stop
+        the rest, its slot in the returned list holds the LeaseLost (not raised), in the
+        order given. If the transaction itself fails (a lost connection, a database
+        error), the exception is raised and none of them may be recorded: call again with
+        the same leases, those that did commit come back ``replayed``. A dependent's
+        promotion is counted once, in the first outcome's ``dependents``.
+        """
+        items: list[tuple[Lease, str]] = []
+        for pair in results:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise InvalidJob("finalize_many() takes (lease, result) pairs")
+            result = {} if pair[1] is None else pair[1]
+            items.append((_lease(pair[0]), encode_payload(result, "result")))
+        if len({lease.job_id for lease, _ in items}) != len(items):
+            raise InvalidJob("finalize_many() got the same job twice; give each lease once")
+        if not items:
+            return []
+        return self._write(
+            lambda conn, ad, now: _store.finalize_many(conn, ad, items, now=now),
+            notify=lambda out: any(isinstance(o, Outcome) and o.dependents for o in out),
         )
 
     def fail(self, lease: Lease, error: str | BaseException, *, retry: bool = True) -> Outcome:

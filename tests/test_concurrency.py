@@ -60,11 +60,16 @@ def test_eight_processes_claim_disjoint_jobs(queue_url: str, queue: readyq.Queue
     check_exactly_once(events, ids)
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["finalize", "finalize_many"])
 def test_parents_finishing_together_promote_each_child_exactly_once(
     make_queue,
     queue: readyq.Queue,  # type: ignore[no-untyped-def]
+    batched: bool,
 ) -> None:
-    """Two parents of one child finalized at the same time never leave the child blocked."""
+    """Two parents of one child finalized at the same time never leave the child blocked.
+
+    Batched: each of the 8 threads finalizes its shuffled share in batches of 5.
+    """
     children = []
     with queue.graph() as g:
         for i in range(40):
@@ -78,8 +83,13 @@ def test_parents_finishing_together_promote_each_child_exactly_once(
 
     def finish(k: int) -> None:
         barrier.wait()
-        for lease in leases[k::8]:
-            queues[k].finalize(lease)
+        mine = leases[k::8]
+        if batched:
+            for start in range(0, len(mine), 5):
+                queues[k].finalize_many([(lease, None) for lease in mine[start : start + 5]])
+        else:
+            for lease in mine:
+                queues[k].finalize(lease)
 
     threads = [threading.Thread(target=finish, args=(k,)) for k in range(8)]
     for t in threads:
@@ -206,11 +216,13 @@ def test_dependent_added_while_its_dependency_finishes_is_promoted(
     assert (queue.get(ids[0]).state, queue.get(ids[0]).pending_deps) == (JobState.READY, 0)
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["finalize", "finalize_many"])
 def test_enqueue_racing_its_dependencys_finalize_never_leaves_it_blocked(  # type: ignore[no-untyped-def]
-    make_queue, queue: readyq.Queue
+    make_queue, queue: readyq.Queue, batched: bool
 ) -> None:
     """150 races of finalize(D) against enqueue(after=[D]): the new job always ends ready.
 
+    Batched: D is finalized with another job in one finalize_many transaction.
     Regression: on PostgreSQL the FOR KEY SHARE read of D could return D as it was before
     a concurrent finalize committed, so the new job counted a done dependency as open.
     """
@@ -218,13 +230,18 @@ def test_enqueue_racing_its_dependencys_finalize_never_leaves_it_blocked(  # typ
     stuck = []
     for i in range(150):
         d = queue.enqueue("d")
-        lease = queue.claim("w")[0]
+        if batched:
+            queue.enqueue("filler")
+        leases = queue.claim("w", limit=2 if batched else 1)
         barrier = threading.Barrier(2)
         child: list[int] = []
 
-        def finish(lease: readyq.Lease = lease, barrier: threading.Barrier = barrier) -> None:
+        def finish(ls: list[readyq.Lease] = leases, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
-            queue.finalize(lease)
+            if batched:
+                queue.finalize_many([(lease, None) for lease in ls])
+            else:
+                queue.finalize(ls[0])
 
         def add(d: int = d, barrier: threading.Barrier = barrier, child: list[int] = child) -> None:
             barrier.wait()

@@ -40,6 +40,10 @@ class Adapter:
     key_share_lock: ClassVar[bool] = False
     #: ``UPDATE ... RETURNING``.
     update_returning: ClassVar[bool] = False
+    #: One-statement claim: ``WITH picked AS MATERIALIZED (locked select) UPDATE ...
+    #: RETURNING`` on the same table (needs ``update_returning``; MySQL refuses an UPDATE
+    #: reading its own table, error 1093).
+    claim_in_one_statement: ClassVar[bool] = False
     #: ``INSERT ... RETURNING`` over many rows, ids in parameter order.
     insert_returning: ClassVar[bool] = False
     #: Only one write transaction at a time (SQLite).

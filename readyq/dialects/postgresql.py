@@ -27,6 +27,7 @@ class PostgreSQLAdapter(Adapter):
     skip_locked = True
     key_share_lock = True
     update_returning = True
+    claim_in_one_statement = True
     insert_returning = True
     listen_notify = True
 

@@ -26,6 +26,7 @@ class SQLiteAdapter(Adapter):
     product: ClassVar[str] = "SQLite"
     minimum_version: ClassVar[tuple[int, ...]] = (3, 35)
     update_returning = True
+    claim_in_one_statement = True
     insert_returning = True
     serialized_writers = True
 

@@ -1,0 +1,144 @@
+"""Batched finalize: several leases' results in one transaction, each all-or-nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import readyq
+from readyq import InvalidJob, JobState, LeaseLost, Outcome
+
+pytestmark = pytest.mark.backend
+
+
+def leased(q: readyq.Queue, n: int) -> list[readyq.Lease]:
+    for i in range(n):
+        q.enqueue("t", {"i": i})
+    leases = q.claim("w", limit=n, ttl=60)
+    assert len(leases) == n
+    return leases
+
+
+def states(q: readyq.Queue, ids: list[int]) -> list[JobState]:
+    return [q.get(i).state for i in ids]
+
+
+def test_every_lease_is_finalized_with_its_own_result(q: readyq.Queue) -> None:
+    """Three leases in one call: each job done with the result given for it."""
+    leases = leased(q, 3)
+    out = q.finalize_many([(lease, {"n": lease.job_id}) for lease in leases])
+    assert [(o.job_id, o.state) for o in out] == [(ls.job_id, JobState.DONE) for ls in leases]
+    assert [q.get(ls.job_id).result for ls in leases] == [{"n": ls.job_id} for ls in leases]
+
+
+def test_the_whole_batch_commits_once(q: readyq.Queue) -> None:
+    """Ten results cost one transaction, not ten."""
+    leases = leased(q, 10)
+    commits: list[int] = []
+
+    def count(conn: Any) -> None:
+        commits.append(1)
+
+    sa.event.listen(q.engine, "commit", count)
+    try:
+        q.finalize_many([(lease, None) for lease in leases])
+    finally:
+        sa.event.remove(q.engine, "commit", count)
+    assert len(commits) == 1
+
+
+def test_a_stale_lease_gets_lease_lost_in_its_slot_and_the_rest_commit(
+    q: readyq.Queue,
+    clock: Any,
+) -> None:
+    """The reclaimed job keeps its new holder; its neighbours in the batch are done."""
+    q.enqueue("stale", max_attempts=5)
+    old = q.claim("w1", ttl=10)[0]
+    clock.advance(11)
+    assert q.reclaim() == 1
+    new = q.claim("w2", ttl=100)[0]
+    fresh = leased(q, 2)
+    out = q.finalize_many([(fresh[0], None), (old, {"from": "old"}), (fresh[1], None)])
+    assert isinstance(out[1], LeaseLost)
+    assert [type(o) for o in (out[0], out[2])] == [Outcome, Outcome]
+    job = q.get(old.job_id)
+    assert (job.state, job.result, job.lease_token) == (JobState.RUNNING, None, new.token)
+    assert states(q, [f.job_id for f in fresh]) == [JobState.DONE, JobState.DONE]
+
+
+def test_calling_again_after_success_replays_every_outcome(q: readyq.Queue) -> None:
+    """A retried batch (unknown outcome) reports each job as replayed and changes nothing."""
+    leases = leased(q, 3)
+    q.finalize_many([(lease, {"first": True}) for lease in leases])
+    again = q.finalize_many([(lease, {"second": True}) for lease in leases])
+    assert [(o.state, o.replayed) for o in again if isinstance(o, Outcome)] == [
+        (JobState.DONE, True)
+    ] * 3
+    assert [q.get(ls.job_id).result for ls in leases] == [{"first": True}] * 3
+
+
+def test_the_same_job_twice_is_refused_and_changes_nothing(q: readyq.Queue) -> None:
+    """Duplicate leases are a caller's bug: InvalidJob before any write."""
+    (lease,) = leased(q, 1)
+    with pytest.raises(InvalidJob, match="same job twice"):
+        q.finalize_many([(lease, None), (lease, None)])
+    assert q.get(lease.job_id).state == JobState.RUNNING
+
+
+def test_a_non_json_result_is_refused_and_changes_nothing(q: readyq.Queue) -> None:
+    """One bad result stops the whole call before the transaction: no job is finalized."""
+    leases = leased(q, 2)
+    with pytest.raises(InvalidJob):
+        q.finalize_many([(leases[0], None), (leases[1], {"bad": {1, 2}})])
+    assert states(q, [ls.job_id for ls in leases]) == [JobState.RUNNING] * 2
+
+
+def test_items_that_are_not_pairs_are_refused(q: readyq.Queue) -> None:
+    """A bare lease instead of (lease, result) is InvalidJob with the expected shape."""
+    (lease,) = leased(q, 1)
+    with pytest.raises(InvalidJob, match=r"\(lease, result\) pairs"):
+        q.finalize_many([lease])  # type: ignore[list-item]
+    assert q.get(lease.job_id).state == JobState.RUNNING
+
+
+def test_an_empty_batch_is_a_no_op(q: readyq.Queue) -> None:
+    """Nothing to finalize: an empty list back, no transaction needed."""
+    assert q.finalize_many([]) == []
+
+
+def test_a_child_of_two_parents_in_one_batch_becomes_ready(q: readyq.Queue) -> None:
+    """Both open dependencies finished together: the count drops by two, the child is ready."""
+    with q.graph() as g:
+        a, b = g.add("p"), g.add("p")
+        child = g.add("c", after=[a, b])
+    leases = q.claim("w", limit=2)
+    out = q.finalize_many([(lease, None) for lease in leases])
+    info = q.get(child.id)
+    assert (info.state, info.pending_deps) == (JobState.READY, 0)
+    assert sum(o.dependents for o in out if isinstance(o, Outcome)) == 1
+
+
+def test_a_child_with_an_open_dependency_outside_the_batch_stays_blocked(
+    q: readyq.Queue,
+) -> None:
+    """Two of its three parents finished in one batch: one count left, still blocked."""
+    with q.graph() as g:
+        parents = [g.add("p") for _ in range(3)]
+        child = g.add("c", after=parents)
+    leases = q.claim("w", limit=3)
+    q.finalize_many([(lease, None) for lease in leases[:2]])
+    info = q.get(child.id)
+    assert (info.state, info.pending_deps) == (JobState.BLOCKED, 1)
+
+
+def test_children_of_one_container_finished_together_roll_it_up(q: readyq.Queue) -> None:
+    """Every child of a container in one batch: the container is done."""
+    with q.graph() as g:
+        box = g.add("box", container=True)
+        for _ in range(3):
+            g.add("child", parent=box)
+    leases = q.claim("w", limit=3)
+    q.finalize_many([(lease, None) for lease in leases])
+    assert q.get(box.id).state == JobState.DONE
