@@ -279,10 +279,11 @@ class Worker:
         self._wake.set()
 
     def persist(self) -> tuple[int, int]:
-        """Stage 6: finalize or fail the runs whose handler returned."""
+        """Stage 6: finalize (in one transaction) or fail the runs whose handler returned."""
         with self._lock:
             done = [r for r in self._runs.values() if r.outcome is not None]
         finished = lost = 0
+        results: list[_Run] = []
         for run in done:
             lease = run.ctx.lease
             assert run.outcome is not None
@@ -293,23 +294,35 @@ class Worker:
                         f"job {lease.job_id}: {run.ctx.reason}", lease.job_id, lease.token
                     )
                 if kind == "ok":
-                    self.queue.finalize(lease, value)
-                    self._emit("finalize", job=lease.job_id, token=lease.token)
-                else:
-                    permanent = isinstance(value, ReadyqError)
-                    outcome = self.queue.fail(lease, value, retry=not permanent)
-                    self._emit(
-                        "fail",
-                        job=lease.job_id,
-                        token=lease.token,
-                        state=outcome.state.value,
-                        error=repr(value)[:200],
-                    )
+                    results.append(run)
+                    continue
+                permanent = isinstance(value, ReadyqError)
+                outcome = self.queue.fail(lease, value, retry=not permanent)
+                self._emit(
+                    "fail",
+                    job=lease.job_id,
+                    token=lease.token,
+                    state=outcome.state.value,
+                    error=repr(value)[:200],
+                )
                 finished += 1
             except LeaseLost as exc:
                 lost += 1
                 self._emit("lease_lost", job=lease.job_id, token=lease.token, reason=str(exc))
             self._end(run)
+        if results:
+            # One commit for every result of this tick; a failed transaction raises
+            # and leaves the runs in place, to be finalized again (replayed) next tick.
+            pairs = [(run.ctx.lease, run.outcome[1] if run.outcome else None) for run in results]
+            for run, got in zip(results, self.queue.finalize_many(pairs), strict=True):
+                lease = run.ctx.lease
+                if isinstance(got, LeaseLost):
+                    lost += 1
+                    self._emit("lease_lost", job=lease.job_id, token=lease.token, reason=str(got))
+                else:
+                    finished += 1
+                    self._emit("finalize", job=lease.job_id, token=lease.token)
+                self._end(run)
         return finished, lost
 
     def _end(self, run: _Run) -> None:
@@ -350,6 +363,10 @@ class Worker:
             try:
                 self.queue.heartbeat(run.ctx.lease, ttl=self.lease_ttl)
             except LeaseLost as exc:
+                if run.outcome is not None:
+                    # The handler returned: persist settles it (maybe finalized just now)
+                    # and reports a real loss itself, when its finalize is refused.
+                    continue
                 run.ctx.lose("lease lost")
                 self._emit("lease_lost", job=run.ctx.job_id, token=run.ctx.token, reason=str(exc))
                 if run.outcome is None:

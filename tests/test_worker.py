@@ -424,3 +424,28 @@ class TestProcessExecutor:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
         assert queue.get(job).state == S.FAILED
+
+
+def test_a_fault_free_run_reports_no_lost_lease(queue: readyq.Queue) -> None:
+    """Heartbeats racing finalizes: a lease that ended by its own finalize is not "lost".
+
+    Regression: the heartbeat thread renewed a job persist() had just finalized and
+    reported a false lease_lost for it.
+    """
+    for i in range(150):
+        queue.enqueue("t", {"i": i})
+    events: list[str] = []
+    w = Worker(
+        queue,
+        {"t": lambda ctx, args: time.sleep(0.002) and None},
+        heartbeat_every=0.005,
+        poll_interval=0.005,
+        limits=[Concurrency(8)],
+        hooks=[lambda event, fields: events.append(event)],
+    )
+    runner = threading.Thread(target=w.run, kwargs={"until_idle": True})
+    runner.start()
+    runner.join(120)
+    assert queue.counts()["done"] == 150
+    assert events.count("finalize") == 150
+    assert "lease_lost" not in events
