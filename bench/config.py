@@ -64,6 +64,15 @@ class Config:
             profile_jobs=100,
         )
 
+    def drain_variants(self) -> list[tuple[int, bool]]:
+        """(claim limit, batched finalize) pairs of the raw drain: a batch needs limit > 1."""
+        out = []
+        for limit in sorted(set(self.limits)):
+            out.append((limit, False))
+            if limit > 1:
+                out.append((limit, True))
+        return out
+
     def counts(self, mode: str) -> list[int]:
         """Worker counts measured in ``mode``."""
         if mode == "process" and self.process_workers is not None:

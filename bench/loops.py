@@ -94,8 +94,9 @@ def reference_loop(url: str, client: int, clients: int, seconds: float, barrier:
     return _guard(run)
 
 
-def drain_loop(url: str, worker_id: str, limit: int, barrier: Barrier) -> Result:
-    """The raw drain: ``claim(limit)`` then ``finalize`` each lease, until a claim is empty."""
+def drain_loop(url: str, worker_id: str, limit: int, batch: bool, barrier: Barrier) -> Result:
+    """The raw drain: ``claim(limit)`` then ``finalize`` each lease (``batch``: all of them
+    in one ``finalize_many`` transaction), until a claim comes back empty."""
 
     def run() -> Result:
         q = readyq.Queue(url)
@@ -113,8 +114,7 @@ def drain_loop(url: str, worker_id: str, limit: int, barrier: Barrier) -> Result
                     break
                 if first is None:
                     first = t
-                for lease in leases:
-                    q.finalize(lease, None)
+                finish(q, leases, batch)
                 n += len(leases)
                 last = time.time()
         finally:
@@ -122,6 +122,18 @@ def drain_loop(url: str, worker_id: str, limit: int, barrier: Barrier) -> Result
         return {"count": n, "first": first, "last": last, "claims": claims}
 
     return _guard(run)
+
+
+def finish(q: readyq.Queue, leases: list[readyq.Lease], batch: bool) -> None:
+    """Finalize the leases one transaction each, or all in one (``finalize_many``)."""
+    if batch:
+        outcomes = q.finalize_many([(lease, None) for lease in leases])
+        lost = [o for o in outcomes if isinstance(o, readyq.LeaseLost)]
+        if lost:
+            raise lost[0]
+    else:
+        for lease in leases:
+            q.finalize(lease, None)
 
 
 def _noop(ctx: readyq.JobContext, args: dict[str, Any]) -> None:

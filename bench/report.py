@@ -59,6 +59,8 @@ def _drain(result: dict[str, Any]) -> list[str]:
     rows = []
     for r in result["drain"]:
         name = f"{r['runner']} {r['mode']} x{r['workers']} limit {r['limit']}"
+        if r.get("finalize") == "batch":
+            name += ", finalize_many"
         if r["runner"] == "worker":
             name = f"Worker {r['mode']} x{r['workers']} {r['groups']} groups, {r['limit']} slots"
         extra = f"{r['vs_raw']:.2f}" if r.get("vs_raw") else ""

@@ -218,11 +218,16 @@ class Bench:
         rows: list[Stats] = []
         for mode in cfg.modes:
             for workers in cfg.counts(mode):
-                for limit in cfg.limits:
+                for limit, batch in cfg.drain_variants():
 
-                    def once(n: int, mode: str = mode, w: int = workers, lim: int = limit) -> float:
+                    def once(
+                        n: int,
+                        mode: str = mode,
+                        w: int = workers,
+                        lb: tuple[int, bool] = (limit, batch),
+                    ) -> float:
                         self._prefill(n)
-                        args = [(self.url, f"{mode[0]}{i}", lim) for i in range(w)]
+                        args = [(self.url, f"{mode[0]}{i}", *lb) for i in range(w)]
                         results = self.clients.run(mode, loops.drain_loop, args)
                         self._check_drained(n, results)
                         return rate(results)
@@ -235,6 +240,7 @@ class Bench:
                         "mode": mode,
                         "workers": workers,
                         "limit": limit,
+                        "finalize": "batch" if batch else "each",
                         "jobs": cfg.jobs,
                         "jobs_per_s": stats,
                         "ratio": stats["median"] / self.ref(mode, workers),
@@ -242,7 +248,7 @@ class Bench:
                     rows.append(row)
                     self.log(
                         f"drain raw {mode:7} x{workers:<3} limit {limit:<3} "
-                        f"{stats['median']:9.0f} jobs/s"
+                        f"{'batch' if batch else 'each ':5} {stats['median']:9.0f} jobs/s"
                     )
         rows += self._fair(rows)
         return rows
@@ -265,7 +271,8 @@ class Bench:
             same = [
                 r
                 for r in raw
-                if (r["mode"], r["workers"], r["limit"]) == ("thread", workers, slots)
+                if (r["mode"], r["workers"], r["limit"], r["finalize"])
+                == ("thread", workers, slots, "batch")
             ]
             rows.append(
                 {
@@ -486,11 +493,10 @@ class Bench:
                     for i in range(start, min(n, start + 100)):
                         g.add("noop", {"i": i})
 
-        def drainer(limit: int) -> Callable[[readyq.Queue], None]:
+        def drainer(limit: int, batch: bool) -> Callable[[readyq.Queue], None]:
             def act(q: readyq.Queue) -> None:
                 while leases := q.claim("cost", ttl=60, limit=limit):
-                    for lease in leases:
-                        q.finalize(lease, None)
+                    loops.finish(q, leases, batch)
 
             return act
 
@@ -499,8 +505,9 @@ class Bench:
 
         measure("enqueue_single", reset, single)
         measure("enqueue_batch_100", reset, batch)
-        for limit in sorted(set(cfg.limits)):
-            measure(f"drain_limit_{limit}", lambda: self._prefill(n), drainer(limit))
+        for limit, batch in cfg.drain_variants():
+            name = f"drain_limit_{limit}" + ("_batch" if batch else "")
+            measure(name, lambda: self._prefill(n), drainer(limit, batch))
         if pg:
             out["reference_wal_bytes_per_tx"] = _reference_wal(self.url, n)
             out["note"] = (

@@ -76,6 +76,9 @@ def test_drain_covers_workers_modes_limits_and_the_fair_worker(
     rows = quick_result["drain"]
     raw = {(r["mode"], r["workers"], r["limit"]) for r in rows if r["runner"] == "raw"}
     assert {("thread", w, lim) for w in (1, 4, 8) for lim in (1, 10)} <= raw
+    batched = {(r["mode"], r["limit"]) for r in rows if r.get("finalize") == "batch"}
+    assert ("thread", 10) in batched
+    assert all(lim > 1 for _, lim in batched)
     assert any(mode == "process" for mode, _, _ in raw)
     assert any(r["runner"] == "worker" and r["groups"] == 10 for r in rows)
     assert all(_positive(r["jobs_per_s"]) and r["ratio"] > 0 for r in rows)
@@ -106,7 +109,8 @@ def test_write_cost_counts_statements_and_transactions(quick_result: dict[str, A
     """Per phase: statements, transactions and round trips per job; PG adds WAL and dead rows."""
     cost = quick_result["write_cost"]
     pg = quick_result["meta"]["backend"] == "postgresql"
-    for phase in ("enqueue_single", "enqueue_batch_100", "drain_limit_1", "drain_limit_10"):
+    phases = ("enqueue_single", "enqueue_batch_100", "drain_limit_1", "drain_limit_10")
+    for phase in (*phases, "drain_limit_10_batch"):
         row = cost[phase]
         assert row["statements_per_job"] > 0, phase
         assert row["transactions_per_job"] > 0, phase
