@@ -19,7 +19,7 @@ import readyq
 from readyq import JobState, Lease, LeaseLost
 from readyq.schema import jobs as jobs_table
 
-from .driver import ActorCtx, Crashed
+from .driver import ActorCtx, Crashed, TxnHang
 from .history import Event
 from .workload import Batch
 from .world import ActorClock, JobRecord, World
@@ -51,6 +51,37 @@ class Actor:
     def chance(self, kind: str) -> bool:
         """Whether fault ``kind`` strikes now (always draws, so the stream stays aligned)."""
         return self.world.chance(self.ctx.name, self.rng, kind)
+
+    def arm_hang(self, op: str, job: int | None = None) -> bool:
+        """Maybe stall inside ``op``'s write transaction (fault ``hang_in_txn``).
+
+        From 0.2 to 2 TTLs, cut short when the faults heal; then the transaction commits
+        late, or (half the time) its session is killed and it rolls back.
+        """
+        ctx, world = self.ctx, self.world
+        # Its own stream, like slow_commit: the other kinds' rolls do not move.
+        rng = world.streams[f"hang-txn:{ctx.name}"]
+        if not world.chance(ctx.name, rng, "hang_in_txn"):
+            return False
+        seconds = round(rng.uniform(0.2, 2.0) * self.cfg.ttl, 3)
+        kill = rng.random() < 0.5
+        heal = "kill" if kill else "commit"
+
+        def healed(start_us: int, end_us: int) -> None:
+            world.log(ctx.name, "note", "hang_end", end_us, start_us=start_us, op=op, heal=heal)
+
+        ctx.hang = TxnHang(
+            seconds, kill, lambda: not world.faults_active, every=self.cfg.poll, on_end=healed
+        )
+        world.fault("hang_in_txn", ctx.name, ctx.now_us, op=op, job=job, seconds=seconds, heal=heal)
+        return True
+
+    def after_hang(self) -> None:
+        """Disarm a hang the operation did not reach; reconnect if one killed the session."""
+        self.ctx.hang = None
+        if self.ctx.hang_killed:
+            self.ctx.hang_killed = False
+            self.reconnect()
 
     def op(
         self,
@@ -166,6 +197,7 @@ class Worker(Actor):
         if self.chance("crash"):
             self.ctx.crash_at = self.rng.randint(1, 4)
             self.world.fault("crash", self.ctx.name, self.ctx.now_us, mode="in claim")
+        self.arm_hang("claim")
         status, got = self.op(
             "claim",
             lambda: self.q.claim(self.worker_id, ttl=self.cfg.ttl, limit=free, groups=groups),
@@ -173,6 +205,7 @@ class Worker(Actor):
             ranked=groups is not None,
         )
         self.ctx.crash_at = None
+        self.after_hang()
         if status != "ok" or not isinstance(got, list):
             return []
         ev = self.ev
@@ -231,12 +264,14 @@ class Worker(Actor):
         if self.chance("heartbeat_loss"):
             self.world.fault("heartbeat_loss", ctx.name, ctx.now_us, job=ls.job_id)
             return
+        self.arm_hang("heartbeat", ls.job_id)
         status, got = self.op(
             "heartbeat",
             lambda: self.q.heartbeat(ls, ttl=self.cfg.ttl),
             job=ls.job_id,
             token=ls.token,
         )
+        self.after_hang()
         if status == "ok":
             self.ev.detail["expires"] = got
         elif status == "lost":
@@ -261,6 +296,7 @@ class Worker(Actor):
             self.world.fault(
                 "slow_commit", ctx.name, ctx.now_us, job=ls.job_id, held_s=ctx.slow_commit_s
             )
+        self.arm_hang("fail" if h.poison else "finalize", ls.job_id)
         f = "fail" if h.poison else "finalize"
 
         def call() -> readyq.Outcome:
@@ -277,6 +313,7 @@ class Worker(Actor):
             pretend_lost=lost_reply,
         )
         ctx.crash_at, ctx.drop_at_commit, ctx.slow_commit_s = None, False, None
+        self.after_hang()
         if status == "ok" and lost_reply:
             self.world.fault("drop_after_commit", ctx.name, ctx.now_us, job=ls.job_id)
             self.ev.detail["state"] = getattr(got, "state", None)
@@ -303,6 +340,7 @@ def worker(world: World) -> Callable[[ActorCtx], None]:
                 Worker(world, ctx, f"{ctx.name}.{life}").run()
             except (Crashed, _Restart):
                 ctx.crashed, ctx.crash_at, ctx.drop_at_commit = False, None, False
+                ctx.slow_commit_s, ctx.hang, ctx.txn_killed = None, None, False
                 world.log(ctx.name, "note", "restart", ctx.now_us, life=life + 1)
                 ctx.dispose_engines()
                 ctx.sleep(world.streams[f"faults:{ctx.name}"].uniform(0.5, 3.0))

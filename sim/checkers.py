@@ -12,6 +12,7 @@ it reclaimable.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +117,12 @@ class _Replay:
         self.slack_us = round((cfg.sweep_interval + 2 * cfg.poll + cfg.slack_s) * 1e6)
         self.hang_slack_us = round((cfg.sweep_interval + cfg.heartbeat + cfg.slack_s) * 1e6)
         self.spec = {j: r.spec for j, r in world.jobs.items()}
+        #: Virtual intervals during which a transaction hung holding its locks (merged).
+        self.stalls = _merge(
+            (int(e.detail["start_us"]), e.now_us)
+            for e in world.history.events
+            if e.type == "note" and e.f == "hang_end"
+        )
 
     def feed(self, e: Event) -> None:
         where = f"event #{e.i} ({e.actor} {e.type} {e.f})"
@@ -167,10 +174,15 @@ class _Replay:
         if ls.reclaimable_at is not None:
             ls.status, ls.reclaimable_at = "live", None  # that sweep skipped it (row locked)
         ls.expires = int(e.detail.get("expires", ls.expires))
-        if ls.deadline is not None and e.now_us > ls.deadline + self.hang_slack_us:
-            late = (e.now_us - ls.deadline) / 1e6
+        # A transaction hung on its locks holds off the sweeper (on SQLite: every writer):
+        # the time it held them does not count against the hang timeout.
+        if ls.deadline is not None and e.now_us > ls.deadline + self.hang_slack_us + (
+            stalled := _overlap(self.stalls, ls.deadline, e.now_us)
+        ):
+            late = (e.now_us - ls.deadline - stalled) / 1e6
             self.attempts.fail(
-                f"{where}: job {e.job} still heart-beating {late:.1f}s after its hang deadline",
+                f"{where}: job {e.job} still heart-beating {late:.1f}s after its hang deadline"
+                + (f" (not counting {stalled / 1e6:.1f}s of hung transactions)" if stalled else ""),
                 e.job,
             )
 
@@ -302,6 +314,22 @@ def check_all(world: World, final: dict[int, dict[str, Any]], live: bool) -> lis
         lost.done(acked=len(world.jobs), **{f"final_{k}": v for k, v in sorted(states.items())}),
         fair_share(world),
     ]
+
+
+def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of ``spans`` as sorted, disjoint intervals."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _overlap(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """How much of [lo, hi] the disjoint ``spans`` cover."""
+    return sum(max(0, min(b, hi) - max(a, lo)) for a, b in spans)
 
 
 def _summary(xs: list[float]) -> dict[str, float] | None:

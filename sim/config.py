@@ -17,10 +17,16 @@ FAULT_KINDS = (
     "drop_after_commit",  # finalize committed, but the worker never saw the answer
     "skew",  # the worker's clock (the one its Queue gets) is offset from the authority
     "slow_commit",  # a finalize's COMMIT is held while virtual time passes and others run
+    "hang_in_txn",  # a claim/heartbeat/finalize stalls holding its locks, then commits or is killed
 )
-#: Kinds swarm testing draws. slow_commit joined after the seed corpus was fixed: it is on
-#: only when asked for (--faults), so existing seeds keep their schedules.
-SWARM_KINDS = FAULT_KINDS[:-1]
+#: Kinds swarm testing draws. slow_commit and hang_in_txn joined after the seed corpus was
+#: fixed: they are on only when asked for (--faults), so existing seeds keep their schedules.
+SWARM_KINDS = FAULT_KINDS[:-2]
+
+
+#: Rates for kinds that are rolled at every claim, heartbeat and finalize and stall the run
+#: for up to twice the TTL (on SQLite every writer waits): a few per run, not dozens.
+_RARE = {"hang_in_txn": 0.015}
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class FaultPlan:
     @staticmethod
     def swarm(rng: random.Random, kinds: tuple[str, ...] = FAULT_KINDS) -> FaultPlan:
         """Swarm testing: each kind is on with probability 0.6, at a rate drawn from the seed."""
-        top = {"crash": 0.06, "pause": 0.08, "heartbeat_loss": 0.2, "skew": 0.5}
+        top = {"crash": 0.06, "pause": 0.08, "heartbeat_loss": 0.2, "skew": 0.5, **_RARE}
         p: dict[str, float] = {}
         for kind in SWARM_KINDS:
             draw_on, rate = rng.random(), rng.uniform(0.3, 1.0) * top.get(kind, 0.1)
@@ -50,7 +56,7 @@ class FaultPlan:
     @staticmethod
     def fixed(kinds: tuple[str, ...]) -> FaultPlan:
         """Every listed kind on, at a moderate fixed rate."""
-        rate = {"crash": 0.04, "pause": 0.06, "heartbeat_loss": 0.15, "skew": 0.5}
+        rate = {"crash": 0.04, "pause": 0.06, "heartbeat_loss": 0.15, "skew": 0.5, **_RARE}
         return FaultPlan({k: rate.get(k, 0.08) for k in kinds})
 
 

@@ -12,15 +12,24 @@ A statement that would wait on a lock held by a parked actor would hang the driv
 sim's engines fail lock waits at once (SQLite ``timeout=0``, PostgreSQL ``lock_timeout``,
 MariaDB ``innodb_lock_wait_timeout = 0``, MySQL 1 s); a wall-clock watchdog stops the run if a
 statement still does not return.
+
+Two faults stall an actor inside its own open transaction while virtual time passes and the
+others run: ``slow_commit`` holds the COMMIT, and ``hang_in_txn`` (:class:`TxnHang`) stops
+right after the transaction's first lock-taking statement. Its locks stay held (SQLite: the
+write lock of ``BEGIN IMMEDIATE``), so the others' statements fail as would-block, or skip the
+rows (``SKIP LOCKED``), until the hang heals: the transaction carries on and commits late, or
+its session is killed from an admin connection and the server rolls it back.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from random import Random
 from typing import Any
 
@@ -33,7 +42,7 @@ from readyq import dialects
 
 from .clock import VirtualClock
 
-__all__ = ["ActorCtx", "Crashed", "Driver", "DriverStuck", "Stopped", "backend_kind"]
+__all__ = ["ActorCtx", "Crashed", "Driver", "DriverStuck", "Stopped", "TxnHang", "backend_kind"]
 
 #: PostgreSQL: milliseconds a statement may wait for a lock before it fails (55P03).
 PG_LOCK_TIMEOUT_MS = 20
@@ -44,6 +53,36 @@ PG_LOCK_TIMEOUT_MS = 20
 #: one depends on InnoDB's background purge, which broke replay. Such statements get a timeout
 #: of their own; SKIP LOCKED never waits, so it costs no wall time.
 MARIADB_SKIP_LOCKED_PREFIX = "SET STATEMENT innodb_lock_wait_timeout = 1 FOR "
+
+#: Statements that leave locks held until the transaction ends (the first one arms a hang).
+_LOCKING_PREFIXES = ("BEGIN IMMEDIATE", "BEGIN EXCLUSIVE", "UPDATE", "INSERT", "DELETE")
+_LOCKING_CLAUSES = ("FOR UPDATE", "FOR NO KEY UPDATE", "FOR SHARE", "FOR KEY SHARE", "SHARE MODE")
+
+
+def takes_locks(statement: str) -> bool:
+    """Whether ``statement`` leaves row or table locks held until its transaction ends."""
+    text = " ".join(statement.upper().split())
+    if text.startswith(_LOCKING_PREFIXES) or any(k in text for k in _LOCKING_CLAUSES):
+        return True
+    return text.startswith("WITH") and any(f") {w} " in text for w in _LOCKING_PREFIXES[2:])
+
+
+@dataclass(frozen=True)
+class TxnHang:
+    """Stall inside the next write transaction, after its first lock-taking statement.
+
+    The actor sleeps ``seconds`` of virtual time in steps of ``every`` (others run, its locks
+    stay held), or less if ``healed()`` turns true first; then the hang heals: the
+    transaction goes on and commits late, or (``kill``) its session is killed, so the server
+    rolls it back and the actor's next statement (or COMMIT) fails.
+    """
+
+    seconds: float
+    kill: bool
+    healed: Callable[[], bool]
+    every: float = 0.5
+    #: Called with the hang's virtual start and end (microseconds) when it heals.
+    on_end: Callable[[int, int], None] | None = None
 
 
 class Crashed(BaseException):
@@ -85,6 +124,12 @@ class ActorCtx:
         self.drop_at_commit = False
         #: Hold the next COMMIT for this many virtual seconds (locks stay held), if set.
         self.slow_commit_s: float | None = None
+        #: Hang inside the next write transaction, if set (see :class:`TxnHang`).
+        self.hang: TxnHang | None = None
+        #: This transaction's session was killed (its COMMIT cannot succeed).
+        self.txn_killed = False
+        #: A hang of the current operation ended in a kill (the actor should reconnect).
+        self.hang_killed = False
         self.stmt_count = 0
         self.commit_step: int | None = None
         self.last_statement = ""
@@ -114,6 +159,7 @@ class ActorCtx:
         """Call before each readyq operation: resets the statement counter and commit mark."""
         self.stmt_count = 0
         self.commit_step = None
+        self.hang_killed = False
 
     def engine(self) -> Engine:
         """A new engine on the run's database, hooked into the driver."""
@@ -151,13 +197,48 @@ class ActorCtx:
             return
         self.last_statement = statement
         self._yield("stmt")
+        if self.txn_killed and self.driver.kind == "sqlite":
+            # The session is gone (see _after): what the next statement on it gets.
+            raise sqlite3.OperationalError("the simulator killed this connection")
         self.stmt_count += 1
         if self.crash_at is not None and self.stmt_count >= self.crash_at:
             self.crash_at = None
-            self.driver.kill(self, conn)
+            if not self.txn_killed:
+                self.driver.kill(self, conn)
             self.crashed = True
             self.driver.record(self.name, "CRASH", f"at statement {self.stmt_count}")
             raise Crashed(self.name)
+
+    def _after(self, conn: Connection, statement: str) -> None:
+        """After a statement succeeded: start an armed hang if it left locks held."""
+        hang = self.hang
+        if hang is None or self.crashed or not takes_locks(statement):
+            return
+        self.hang = None
+        self.driver.record(self.name, "HANG", f"{hang.seconds:g}s kill={hang.kill}")
+        start_us = self.now_us
+        left = hang.seconds
+        while left > 1e-9 and not hang.healed():
+            d = min(hang.every, left)
+            self.sleep(d)  # others run meanwhile; this transaction's locks stay held
+            left -= d
+        waited = round(hang.seconds - max(0.0, left), 6)
+        self.driver.record(self.name, "UNHANG", f"after {waited:g}s kill={hang.kill}")
+        if hang.kill:
+            if self.driver.kind == "sqlite":
+                # No server session: roll the transaction back, as the file sees a dying
+                # process do, and fail every later use of the connection (_before, _commit).
+                # Closing it here, under an open cursor, would make SQLAlchemy log errors.
+                conn.connection.dbapi_connection.rollback()  # type: ignore[union-attr]
+            else:
+                self.driver.kill(self, conn)
+            self.txn_killed = self.hang_killed = True
+            self.driver.record(self.name, "KILL", "hung transaction")
+        if hang.on_end is not None:
+            hang.on_end(start_us, self.now_us)
+
+    def _begin(self, conn: Connection) -> None:
+        self.txn_killed = False
 
     def _commit(self, conn: Connection) -> None:
         if self.crashed:
@@ -168,11 +249,15 @@ class ActorCtx:
             self.driver.record(self.name, "SLOW", f"commit held {held:g}s")
             self.sleep(held)  # others run meanwhile; this transaction's locks stay held
         self._yield("stmt")
-        self.commit_step = self.driver.step
+        if not self.txn_killed:
+            self.commit_step = self.driver.step
+        elif self.driver.kind == "sqlite":
+            conn.connection.dbapi_connection.close()  # type: ignore[union-attr]  # COMMIT fails
         self.driver.record(self.name, "COMMIT")
         if self.drop_at_commit:
             self.drop_at_commit = False
-            self.driver.kill(self, conn)
+            if not self.txn_killed:
+                self.driver.kill(self, conn)
             self.driver.record(self.name, "DROP", "before commit")
 
     def _rollback(self, conn: Connection) -> None:
@@ -275,6 +360,7 @@ class Driver:
         ) -> None:
             if not ctx.crashed:
                 self.record(ctx.name, statement, f"{_params(params)}|{cursor.rowcount}")
+                ctx._after(conn, statement)
 
         @event.listens_for(eng, "handle_error")
         def _error(exc_ctx: Any) -> None:
@@ -297,6 +383,7 @@ class Driver:
                     statement = MARIADB_SKIP_LOCKED_PREFIX + statement
                 return statement, params
 
+        event.listen(eng, "begin", ctx._begin)
         event.listen(eng, "commit", ctx._commit)
         event.listen(eng, "rollback", ctx._rollback)
         return eng

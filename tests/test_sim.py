@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - tests/ imported as a package
 from readyq_sim.checkers import Check, check_all
 from readyq_sim.cli import main
 from readyq_sim.clock import DEFAULT_START_US
-from readyq_sim.config import scenario
+from readyq_sim.config import FaultPlan, scenario
 from readyq_sim.run import RunResult, run
 from readyq_sim.world import Hooks
 
@@ -229,3 +229,15 @@ def test_slow_commits_keep_every_guarantee(backend: Any) -> None:
     res = run(scenario("default", 3, ("slow_commit", "crash")), _server(backend))
     assert res.world.faults["slow_commit"] > 0
     assert _failed(_checks(res)) == {}
+
+
+def test_transactions_hung_on_their_locks_keep_every_guarantee(backend: Any) -> None:
+    """Claims, heartbeats and finalizes that stall holding their locks while others run, then
+    commit late or have their session killed, break no checker, and the run goes quiet."""
+    plan = FaultPlan({"hang_in_txn": 0.05, "crash": 0.04})
+    res = run(scenario("default", 1).with_(jobs=30, faults=plan), _server(backend))
+    heals = {e.detail["heal"] for e in res.world.history.events if e.f == "hang_end"}
+    assert heals == {"commit", "kill"}
+    assert (res.stuck, res.actor_errors) == (None, {})
+    assert _failed(_checks(res)) == {}
+    assert res.live
