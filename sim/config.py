@@ -19,9 +19,6 @@ FAULT_KINDS = (
     "slow_commit",  # a finalize's COMMIT is held while virtual time passes and others run
     "hang_in_txn",  # a claim/heartbeat/finalize stalls holding its locks, then commits or is killed
 )
-#: Kinds swarm testing draws. slow_commit and hang_in_txn joined after the seed corpus was
-#: fixed: they are on only when asked for (--faults), so existing seeds keep their schedules.
-SWARM_KINDS = FAULT_KINDS[:-2]
 
 
 #: Rates for kinds that are rolled at every claim, heartbeat and finalize and stall the run
@@ -47,7 +44,7 @@ class FaultPlan:
         """Swarm testing: each kind is on with probability 0.6, at a rate drawn from the seed."""
         top = {"crash": 0.06, "pause": 0.08, "heartbeat_loss": 0.2, "skew": 0.5, **_RARE}
         p: dict[str, float] = {}
-        for kind in SWARM_KINDS:
+        for kind in FAULT_KINDS:
             draw_on, rate = rng.random(), rng.uniform(0.3, 1.0) * top.get(kind, 0.1)
             if kind in kinds and draw_on < 0.6:
                 p[kind] = round(rate, 4)

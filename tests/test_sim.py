@@ -18,14 +18,15 @@ except ImportError:  # pragma: no cover - tests/ imported as a package
 from readyq_sim.checkers import Check, check_all
 from readyq_sim.cli import main
 from readyq_sim.clock import DEFAULT_START_US
-from readyq_sim.config import FaultPlan, scenario
+from readyq_sim.config import FAULT_KINDS, FaultPlan, scenario
 from readyq_sim.run import RunResult, run
 from readyq_sim.world import Hooks
 
 pytestmark = pytest.mark.backend
 
-#: The fixed seed set CI runs per backend (default scenario, swarm faults from the seed).
-SEEDS = (1, 2)
+#: The fixed seed set CI runs per backend (default scenario, swarm faults from the seed; every
+#: fault kind is on in at least one of their plans).
+SEEDS = (1, 2, 3, 4)
 #: A broken variant must be caught within this many seeds.
 BUDGET = (1, 2, 3)
 
@@ -41,6 +42,12 @@ def _checks(res: RunResult) -> list[Check]:
 
 def _failed(checks: list[Check]) -> dict[str, str | None]:
     return {c.name: c.first for c in checks if c.ok is False}
+
+
+def test_the_seed_set_turns_on_every_fault_kind() -> None:
+    """Swarm testing over SEEDS draws every kind the simulator knows at least once."""
+    drawn = {kind for seed in SEEDS for kind in scenario("default", seed).faults.p}
+    assert drawn == set(FAULT_KINDS)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
