@@ -17,7 +17,7 @@ from .checkers import check_all
 from .config import FAULT_KINDS, SCENARIOS, SimConfig, scenario
 from .run import run
 from .shrink import Trace, replay, shrink, step_table
-from .stress import run_stress
+from .stress import MODES, run_stress
 
 __all__ = ["main"]
 
@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         "--stress",
         action="store_true",
         help="real threads, no interleaver (true parallelism, not replayable), same checkers",
+    )
+    p.add_argument(
+        "--stress-mode",
+        choices=MODES,
+        default="thread",
+        help="stress: actors on threads of one process, or each in a process of its own",
     )
     p.add_argument("--speed", type=float, default=10.0, help="stress: virtual seconds per wall s")
     p.add_argument(
@@ -98,8 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = replay(trace, args.url)
     elif args.stress:
         cfg = cfg.with_(slack_s=max(cfg.slack_s, 5.0))
-        print(f"readyq sim: STRESS seed {cfg.seed}, scenario {cfg.scenario} ...", flush=True)
-        res = run_stress(cfg, args.url, speed=args.speed, seconds=args.stress_seconds)
+        mode = f"STRESS ({args.stress_mode}s)"
+        print(f"readyq sim: {mode} seed {cfg.seed}, scenario {cfg.scenario} ...", flush=True)
+        res = run_stress(
+            cfg, args.url, speed=args.speed, seconds=args.stress_seconds, mode=args.stress_mode
+        )
     else:
         print(f"readyq sim: seed {cfg.seed}, scenario {cfg.scenario} ...", flush=True)
         res = run(cfg, args.url)

@@ -56,6 +56,14 @@ def unguarded_claim(monkeypatch: Any) -> Hooks:
     return no_locking()
 
 
+def unguarded_claim_in_this_process() -> Hooks:
+    """:func:`unguarded_claim` for a spawned stress child: patches for good (the process is
+    the run's), so it takes no monkeypatch; name it as ``setup="sim_broken:<this>"``."""
+    real_guard = _store._guard
+    _store._guard = lambda name: sa.true() if name == "claim" else real_guard(name)
+    return no_locking()
+
+
 def sqlite_deferred() -> Hooks:
     """SQLite write transactions without BEGIN IMMEDIATE (deferred)."""
 
