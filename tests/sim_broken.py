@@ -49,10 +49,7 @@ def no_locking() -> Hooks:
 
 def unguarded_claim(monkeypatch: Any) -> Hooks:
     """No row locks and no ``state = 'ready'`` re-check in the claim UPDATE."""
-    real_guard = _store._guard
-    monkeypatch.setattr(
-        _store, "_guard", lambda name: sa.true() if name == "claim" else real_guard(name)
-    )
+    _unguard_claim(monkeypatch)
     return no_locking()
 
 
@@ -65,10 +62,38 @@ def unguarded_claim_in_this_process() -> Hooks:
 
 
 def sqlite_deferred() -> Hooks:
-    """SQLite write transactions without BEGIN IMMEDIATE (deferred)."""
+    """SQLite write transactions without BEGIN IMMEDIATE: Python's sqlite3 then begins a
+    deferred transaction only at the first INSERT/UPDATE/DELETE, so the claim's SELECT runs
+    outside it (NOTES 1)."""
 
     def make(engine: Engine, clock: Any) -> readyq.Queue:
         return _with_adapter(engine, clock, begin_write=lambda self, conn: None)
+
+    return Hooks(make_queue=make)
+
+
+def _unguard_claim(monkeypatch: Any) -> None:
+    real_guard = _store._guard
+    monkeypatch.setattr(
+        _store, "_guard", lambda name: sa.true() if name == "claim" else real_guard(name)
+    )
+
+
+def sqlite_deferred_unguarded(monkeypatch: Any) -> Hooks:
+    """:func:`sqlite_deferred` with no ``state = 'ready'`` re-check in the claim UPDATE."""
+    _unguard_claim(monkeypatch)
+    return sqlite_deferred()
+
+
+def sqlite_begin_deferred_unguarded(monkeypatch: Any) -> Hooks:
+    """A real deferred transaction (``BEGIN DEFERRED``: the claim's SELECT inside it, the
+    write lock taken only at its UPDATE) and no state re-check in the claim UPDATE."""
+    _unguard_claim(monkeypatch)
+
+    def make(engine: Engine, clock: Any) -> readyq.Queue:
+        return _with_adapter(
+            engine, clock, begin_write=lambda self, conn: conn.exec_driver_sql("BEGIN DEFERRED")
+        )
 
     return Hooks(make_queue=make)
 

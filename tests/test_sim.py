@@ -138,19 +138,55 @@ class TestBrokenVariantsAreCaught:
         seed, failed = _caught(backend, "quiet", lambda: broken.unguarded_claim(monkeypatch))
         assert {"tokens", "no-double-dispatch"} & set(failed), f"seed {seed}: {failed}"
 
+    def test_sqlite_claim_without_begin_immediate_or_state_guard_is_double_dispatch(
+        self, backend: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Without BEGIN IMMEDIATE, Python's sqlite3 runs the claim's SELECT before the
+        deferred transaction it begins at the UPDATE; with no state re-check either, two
+        claimers that read the same ready row both take it."""
+        if backend.name != "sqlite":
+            pytest.skip("SQLite only")
+
+        def make() -> Hooks:
+            return broken.sqlite_deferred_unguarded(monkeypatch)
+
+        seed, failed = _caught(backend, "quiet", make)
+        assert "no-double-dispatch" in failed, f"seed {seed} of {BUDGET}: {failed}"
+
 
 def test_claim_without_locks_only_loses_races(backend: Any) -> None:
-    """The guarded UPDATE (and the filtered read-back) keep a lock-less claim exclusive:
-    SKIP LOCKED buys throughput, the state re-check buys safety."""
+    """Dropping SKIP LOCKED (and BEGIN IMMEDIATE) cannot double-dispatch while the claim
+    UPDATE re-checks ``state = 'ready'``: the UPDATE sees the row's latest committed version
+    (PostgreSQL re-evaluates its WHERE after the row lock, MariaDB's READ COMMITTED UPDATE
+    reads semi-consistently, SQLite has one writer), so a row another claim took in between
+    is skipped and the claim comes back short. SKIP LOCKED buys throughput, the state
+    re-check buys safety; the variant that drops both is caught above."""
     res = run(scenario("quiet", 1), _server(backend), broken.no_locking())
     assert _failed(_checks(res)) == {}
 
 
 def test_sqlite_without_begin_immediate_stays_correct(backend: Any) -> None:
-    """Deferred SQLite claims only lose races: the guarded UPDATE keeps them exclusive."""
+    """A claim whose SELECT runs outside the (deferred) write transaction only loses races
+    while the UPDATE re-checks the state; without the re-check it is caught above."""
     if backend.name != "sqlite":
         pytest.skip("SQLite only")
     res = run(scenario("quiet", 1), None, broken.sqlite_deferred())
+    assert _failed(_checks(res)) == {}
+
+
+def test_sqlite_deferred_transaction_loses_its_write_upgrade_but_never_double_dispatches(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BEGIN DEFERRED with the SELECT inside it, and no state re-check: still exclusive, and
+    no broken variant of this kind can be caught, because SQLite allows one writer and a
+    deferred transaction whose read snapshot another writer has overtaken cannot upgrade to
+    a writer (SQLITE_BUSY / SQLITE_BUSY_SNAPSHOT, "database is locked"). The upgrade loses
+    with an error readyq retries from the start, never by overwriting; BEGIN IMMEDIATE only
+    saves those failed attempts (and lets the busy timeout wait instead of failing)."""
+    if backend.name != "sqlite":
+        pytest.skip("SQLite only")
+    res = run(scenario("quiet", 1), None, broken.sqlite_begin_deferred_unguarded(monkeypatch))
+    assert res.world.driver.blocked["UPDATE"] > 0  # upgrades that lost
     assert _failed(_checks(res)) == {}
 
 
