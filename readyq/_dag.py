@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 from ._guards import LEASE_CLEARED as _LEASE_CLEARED
 from ._guards import cut as _cut
 from ._guards import guard as _guard
+from ._guards import id_binds, id_values, in_states
 from .dialects import Adapter
 from .errors import InvalidJob, UnknownJob
 from .job import TRANSITIONS, JobState
@@ -33,7 +34,7 @@ def _terminal_lock(ad: Adapter) -> sa.Select[Any] | None:
 
 # One statement: state is assigned first, from the count before the decrement (MySQL
 # evaluates SET left to right, the other databases from the old row).
-_LAST = sa.and_(c.state.in_(sorted(s.value for s in T["promote"].sources)), c.pending_deps == 1)
+_LAST = sa.and_(in_states(T["promote"].sources), c.pending_deps == 1)
 _PROMOTE = (
     sa.update(jobs)
     .where(c.id.in_(sa.select(deps.c.job_id).where(deps.c.depends_on == sa.bindparam("job_id"))))
@@ -44,16 +45,16 @@ _PROMOTE = (
 )
 
 
-def _promote_many() -> sa.Update:
-    """Several parents done at once: each child loses one count per finished parent."""
-    done: sa.BindParameter[Any] = sa.bindparam("done", expanding=True)
-    edges = sa.select(deps.c.job_id).where(deps.c.depends_on.in_(done))
+@functools.lru_cache(maxsize=256)
+def _promote_many(k: int) -> sa.Update:
+    """``k`` parents done at once: each child loses one count per finished parent."""
+    edges = sa.select(deps.c.job_id).where(deps.c.depends_on.in_(id_binds("done", k)))
     n = (
         sa.select(sa.func.count())
-        .where(deps.c.job_id == c.id, deps.c.depends_on.in_(done))
+        .where(deps.c.job_id == c.id, deps.c.depends_on.in_(id_binds("done", k)))
         .scalar_subquery()
     )
-    last = sa.and_(c.state.in_(sorted(s.value for s in T["promote"].sources)), c.pending_deps == n)
+    last = sa.and_(in_states(T["promote"].sources), c.pending_deps == n)
     return (
         sa.update(jobs)
         .where(c.id.in_(edges))
@@ -62,9 +63,6 @@ def _promote_many() -> sa.Update:
             (c.pending_deps, c.pending_deps - n),
         )
     )
-
-
-_PROMOTE_MANY = _promote_many()
 
 
 def after_terminal(
@@ -95,7 +93,8 @@ def after_terminal(
     if len(done) == 1:
         touched[done[0]] += conn.execute(_PROMOTE, {"job_id": done[0]}).rowcount
     elif done:
-        touched[done[0]] += conn.execute(_PROMOTE_MANY, {"done": done}).rowcount
+        promote = _promote_many(len(done))
+        touched[done[0]] += conn.execute(promote, id_values("done", done)).rowcount
     for job_id, state, parent in settled:
         work = [(job_id, state, parent)]
         first = True

@@ -19,6 +19,7 @@ from ._dag import after_terminal
 from ._guards import LEASE_CLEARED as _LEASE_CLEARED
 from ._guards import cut as _cut
 from ._guards import guard as _guard
+from ._guards import id_binds, id_values
 from .dialects import Adapter
 from .errors import LeaseLost, UnsupportedDatabase
 from .job import TERMINAL, TRANSITIONS, JobState, Lease, Outcome, decode_payload
@@ -91,10 +92,10 @@ def _claim_values() -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=64)
-def _claim_update(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]]) -> Any:
-    """READY -> RUNNING for the picked ids; ``guard`` is part of the key (tests patch it)."""
-    picked = c.id.in_(sa.bindparam("ids", expanding=True))
+@functools.lru_cache(maxsize=256)
+def _claim_update(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]], n: int) -> Any:
+    """READY -> RUNNING for ``n`` picked ids; ``guard`` is part of the key (tests patch it)."""
+    picked = c.id.in_(id_binds("id", n))
     upd = sa.update(jobs).where(picked, guard("claim")).values(_claim_values())
     return upd.returning(*_LEASE_COLS) if ad.update_returning else upd
 
@@ -105,23 +106,29 @@ def _claim_one_statement(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bo
 
     MATERIALIZED: the select (and its LIMIT and row locks) runs exactly once; a CTE the
     planner inlined into the IN could be re-evaluated and lock more rows than asked for.
+    Joined (UPDATE ... FROM picked), not ``id IN (SELECT ...)``: with stale statistics
+    PostgreSQL ran the IN as a semi join that walked every ready row per claim.
     """
     picked = _claim_select(ad, False).cte("picked").prefix_with("MATERIALIZED")
     return (
         sa.update(jobs)
-        .where(c.id.in_(sa.select(picked.c.id)), guard("claim"))
+        # IS TRUE: the re-check must not drive the plan; as an index condition on state
+        # the planner (stale statistics) scanned every ready row per claim.
+        .where(c.id == picked.c.id, guard("claim").is_(sa.true()))
         .values(_claim_values())
         .returning(*_LEASE_COLS)
     )
 
 
-# Read back only what this UPDATE leased: correct even if a lock clause failed.
-_CLAIM_READ_BACK = sa.select(*_LEASE_COLS).where(
-    c.id.in_(sa.bindparam("ids", expanding=True)),
-    c.state == S.RUNNING.value,
-    c.lease_owner == sa.bindparam("owner"),
-    c.started_us == sa.bindparam("now"),
-)
+@functools.lru_cache(maxsize=256)
+def _claim_read_back(n: int) -> sa.Select[Any]:
+    """Read back only what this UPDATE leased: correct even if a lock clause failed."""
+    return sa.select(*_LEASE_COLS).where(
+        c.id.in_(id_binds("id", n)),
+        c.state == S.RUNNING.value,
+        c.lease_owner == sa.bindparam("owner"),
+        c.started_us == sa.bindparam("now"),
+    )
 
 
 def _pick(conn: Connection, ad: Adapter, now: int, limit: int, groups: Sequence[str]) -> list[int]:
@@ -174,13 +181,13 @@ def claim(
         ids = _pick(conn, ad, now, limit, groups)
     if not ids:
         return []
-    params["ids"] = ids
-    upd = _claim_update(ad, _guard)
+    params.update(id_values("id", ids))
+    upd = _claim_update(ad, _guard, len(ids))
     if ad.update_returning:
         rows = list(conn.execute(upd, params).all())
     else:
         conn.execute(upd, params)
-        rows = list(conn.execute(_CLAIM_READ_BACK, params).all())
+        rows = list(conn.execute(_claim_read_back(len(ids)), params).all())
     order = {job_id: i for i, job_id in enumerate(ids)}
     rows.sort(key=lambda r: order[r.id])
     return _leases(rows, worker_id, now + ttl_us)
@@ -296,12 +303,13 @@ def _replay(conn: Connection, lease: Lease, expect: Iterable[JobState]) -> Outco
     return Outcome(lease.job_id, lease.token, state, replayed=True)
 
 
-@functools.lru_cache(maxsize=64)
-def _settle_lock(ad: Adapter) -> sa.Select[Any]:
-    """The rows of jobs about to finish, locked: the lock a job reaching a terminal state
-    takes (it waits for open transactions adding dependents, see Adapter.lock_terminal)."""
+@functools.lru_cache(maxsize=256)
+def _settle_lock(ad: Adapter, n: int) -> sa.Select[Any]:
+    """The rows of ``n`` jobs about to finish, locked: the lock a job reaching a terminal
+    state takes (it waits for open transactions adding dependents, see
+    Adapter.lock_terminal)."""
     stmt = sa.select(c.id, c.state, c.lease_token, c.settled_token, c.parent_id).where(
-        c.id.in_(sa.bindparam("ids", expanding=True))
+        c.id.in_(id_binds("id", n))
     )
     stmt = stmt.order_by(c.id)  # one lock order for every finalizer: no deadlock among them
     locked = ad.lock_terminal(stmt)
@@ -319,7 +327,7 @@ def _finalize_update(n: int) -> Any:
         )
     return (
         sa.update(jobs)
-        .where(c.id.in_(sa.bindparam("ids", expanding=True)), _guard("finalize"))
+        .where(c.id.in_(id_binds("id", n)), _guard("finalize"))
         .values(
             state=T["finalize"].target.value,
             result=result,
@@ -341,7 +349,7 @@ def finalize_many(
     must be distinct.
     """
     ids = [lease.job_id for lease, _ in items]
-    rows = {r.id: r for r in conn.execute(_settle_lock(ad), {"ids": ids})}
+    rows = {r.id: r for r in conn.execute(_settle_lock(ad, len(ids)), id_values("id", ids))}
     out: list[Outcome | LeaseLost] = []
     live: list[tuple[Lease, str]] = []
     for lease, result in items:
@@ -355,7 +363,7 @@ def finalize_many(
             out.append(_lost_from(row, lease, "finalize"))
     if not live:
         return out
-    params: dict[str, Any] = {"ids": [lease.job_id for lease, _ in live], "now": now}
+    params: dict[str, Any] = {"now": now, **id_values("id", [lease.job_id for lease, _ in live])}
     for k, (lease, result) in enumerate(live):
         params[f"i{k}"], params[f"r{k}"] = lease.job_id, result
     changed = conn.execute(_finalize_update(len(live)), params).rowcount
