@@ -86,6 +86,10 @@ CAPABILITIES: dict[str, str] = {
         "a claim runs as one statement: an UPDATE ... RETURNING whose rows come from a "
         "locked, limited select of the same table in a MATERIALIZED CTE"
     ),
+    "claim_autocommit": (
+        "the one-statement claim, sent with no transaction around it (autocommit), still "
+        "skips a row another transaction holds and its lease is visible to others at once"
+    ),
     "microsecond_timestamps": "times readyq stores keep their microseconds",
     "listen_notify": "LISTEN/NOTIFY delivers a notification between two sessions",
     "serialized_writers": "only one write transaction runs at a time (SQLite)",
@@ -127,6 +131,9 @@ class Requirements:
     def declare_claim_in_one_statement(self, ad: Adapter) -> bool:
         return ad.claim_in_one_statement
 
+    def declare_claim_autocommit(self, ad: Adapter) -> bool:
+        return ad.claim_autocommit
+
     def declare_microsecond_timestamps(self, ad: Adapter) -> bool:
         return True  # readyq stores BIGINT epoch microseconds on every database
 
@@ -162,6 +169,11 @@ class Requirements:
             )
         if d["serialized_writers"] == d["concurrent_writers"]:
             out.append("serialized_writers and concurrent_writers must be opposites")
+        if d["claim_autocommit"] and not (d["claim_in_one_statement"] and d["skip_locked"]):
+            out.append(
+                "claim_autocommit needs claim_in_one_statement and skip_locked: without a "
+                "transaction only one locking statement keeps a claim atomic"
+            )
         if d["key_share_lock"] and not d["skip_locked"]:
             out.append("key_share_lock only means something together with skip_locked")
         return out
@@ -300,6 +312,32 @@ class Requirements:
                 tx.rollback()
         # Rolled back: other probes' ready jobs may come first, but exactly one is leased.
         return Probe(len(got) == 1, f"the one-statement claim (limit 1) leased {got}")
+
+    def probe_claim_autocommit(self, env: Env) -> Probe:
+        ids = self._ready_jobs(env, 2)
+        stmt = _store._claim_one_statement(env.adapter, _guards.guard)
+        params = {"now": 2**62, "n": 1, "owner": "probe", "expires": 2**62}
+
+        def autocommit_claim() -> list[int]:
+            with env.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                return [int(r.id) for r in conn.execute(stmt, params)]
+
+        held, finished, att = self._held(
+            env,
+            lambda conn, ad: [int(x) for x in conn.execute(self._claimable(env)).scalars()],
+            lambda: Attempt(autocommit_claim, "probe-autocommit"),
+        )
+        if not finished:
+            return Probe(False, "the autocommit claim waited for the open transaction")
+        if att.error is not None:
+            return Probe(False, f"autocommit claim failed: {att.error!r:.300}")
+        if not att.value or att.value == held:
+            return Probe(False, f"the open transaction held {held}, the claim took {att.value}")
+        with env.engine.connect() as conn:
+            state = conn.execute(sa.select(c.state).where(c.id == att.value[0])).scalar()
+        if state != "running":
+            return Probe(False, f"job {att.value[0]} of {ids} is {state!r} after the claim")
+        return Probe(True, f"skipped held job {held}, leased and committed {att.value}")
 
     def probe_microsecond_timestamps(self, env: Env) -> Probe:
         clock = ManualClock()

@@ -159,6 +159,11 @@ def _pick(conn: Connection, ad: Adapter, now: int, limit: int, groups: Sequence[
     return picked
 
 
+def claim_autocommits(ad: Adapter, groups: Sequence[str] | None) -> bool:
+    """Whether :func:`claim` is one statement that may run outside a transaction."""
+    return groups is None and ad.claim_in_one_statement and ad.claim_autocommit
+
+
 def claim(
     conn: Connection,
     ad: Adapter,

@@ -95,15 +95,18 @@ class Queue:
         fn: Callable[[Connection, dialects.Adapter, int], R],
         *,
         notify: Callable[[R], bool] | bool = False,
+        autocommit: bool = False,
     ) -> R:
         """Run ``fn(conn, adapter, now)`` in one write transaction, retried on conflicts.
 
         ``notify`` (or a predicate of the result) wakes listening workers at commit.
+        ``autocommit``: ``fn`` runs one statement, which commits by itself.
         """
         ad = self.adapter
+        options = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
         for attempt in range(_RETRIES):
             try:
-                with self.engine.connect() as conn, conn.begin():
+                with self.engine.connect().execution_options(**options) as conn, conn.begin():
                     ad.begin_write(conn)
                     result = fn(conn, ad, self.clock.now_us())
                     if notify if isinstance(notify, bool) else notify(result):
@@ -334,7 +337,8 @@ class Queue:
         return self._write(
             lambda conn, ad, now: _store.claim(
                 conn, ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
-            )
+            ),
+            autocommit=_store.claim_autocommits(self.adapter, groups),
         )
 
     def heartbeat(self, lease: Lease, *, ttl: float = 30.0) -> int:

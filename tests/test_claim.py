@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+import sqlalchemy as sa
 
 import readyq
 from readyq import InvalidJob, JobState
@@ -165,3 +166,37 @@ def test_empty_worker_id_is_refused(q: readyq.Queue) -> None:
     """A claim must say who holds the lease."""
     with pytest.raises(InvalidJob, match="worker_id"):
         q.claim("")
+
+
+class TestClaimTransaction:
+    @staticmethod
+    def _autocommit_per_phase(q: readyq.Queue, groups: list[str] | None) -> dict[str, set[bool]]:
+        phase = ["enqueue"]
+        seen: dict[str, set[bool]] = {}
+
+        def record(conn: sa.Connection, *args: object) -> None:
+            auto = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+            seen.setdefault(phase[0], set()).add(auto)
+
+        sa.event.listen(q.engine, "before_cursor_execute", record)
+        q.enqueue("t")
+        phase[0] = "claim"
+        (lease,) = q.claim("w", groups=groups)
+        phase[0] = "finalize"
+        q.finalize(lease)
+        return seen
+
+    def test_plain_claim_commits_by_itself_where_the_adapter_allows(self, q: readyq.Queue) -> None:
+        """claim_autocommit: the one-statement claim is sent without BEGIN/COMMIT."""
+        seen = self._autocommit_per_phase(q, None)
+        assert seen["claim"] == {q.adapter.claim_autocommit}
+
+    def test_write_after_an_autocommit_claim_is_a_transaction_again(self, q: readyq.Queue) -> None:
+        """The pooled connection goes back to transactions: finalize is all-or-nothing."""
+        seen = self._autocommit_per_phase(q, None)
+        assert seen["finalize"] == {False}
+
+    def test_grouped_claim_runs_in_a_transaction(self, q: readyq.Queue) -> None:
+        """A claim by groups takes several statements, so it is one transaction."""
+        seen = self._autocommit_per_phase(q, ["default"])
+        assert seen["claim"] == {False}

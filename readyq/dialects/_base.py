@@ -44,6 +44,10 @@ class Adapter:
     #: RETURNING`` on the same table (needs ``update_returning``; MySQL refuses an UPDATE
     #: reading its own table, error 1093).
     claim_in_one_statement: ClassVar[bool] = False
+    #: The one-statement claim commits by itself (autocommit): atomic as one statement,
+    #: and BEGIN and COMMIT would be two more round trips per claim. Not on SQLite,
+    #: where only ``BEGIN IMMEDIATE`` makes a writer wait for the lock (NOTES 2).
+    claim_autocommit: ClassVar[bool] = False
     #: ``INSERT ... RETURNING`` over many rows, ids in parameter order.
     insert_returning: ClassVar[bool] = False
     #: Only one write transaction at a time (SQLite).

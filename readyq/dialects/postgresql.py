@@ -28,6 +28,7 @@ class PostgreSQLAdapter(Adapter):
     key_share_lock = True
     update_returning = True
     claim_in_one_statement = True
+    claim_autocommit = True
     insert_returning = True
     listen_notify = True
 
