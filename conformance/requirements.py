@@ -90,6 +90,10 @@ CAPABILITIES: dict[str, str] = {
         "the one-statement claim, sent with no transaction around it (autocommit), still "
         "skips a row another transaction holds and its lease is visible to others at once"
     ),
+    "update_in_cte": (
+        "an UPDATE ... RETURNING runs inside the WITH clause of another statement (a "
+        "data-modifying CTE): finalize and promotion become one statement"
+    ),
     "microsecond_timestamps": "times readyq stores keep their microseconds",
     "listen_notify": "LISTEN/NOTIFY delivers a notification between two sessions",
     "serialized_writers": "only one write transaction runs at a time (SQLite)",
@@ -133,6 +137,9 @@ class Requirements:
 
     def declare_claim_autocommit(self, ad: Adapter) -> bool:
         return ad.claim_autocommit
+
+    def declare_update_in_cte(self, ad: Adapter) -> bool:
+        return ad.update_in_cte
 
     def declare_microsecond_timestamps(self, ad: Adapter) -> bool:
         return True  # readyq stores BIGINT epoch microseconds on every database
@@ -338,6 +345,21 @@ class Requirements:
         if state != "running":
             return Probe(False, f"job {att.value[0]} of {ids} is {state!r} after the claim")
         return Probe(True, f"skipped held job {held}, leased and committed {att.value}")
+
+    def probe_update_in_cte(self, env: Env) -> Probe:
+        (job,) = self._ready_jobs(env, 1)
+        upd = sa.update(jobs).where(c.id == job).values(heartbeat_us=7).returning(c.id)
+        changed = upd.cte("changed")
+        stmt = sa.select(sa.select(sa.func.count()).select_from(changed).scalar_subquery())
+        with env.engine.connect() as conn, conn.begin() as tx:
+            try:
+                n = conn.execute(stmt).scalar()
+                seen = conn.execute(sa.select(c.heartbeat_us).where(c.id == job)).scalar()
+            except (sa.exc.CompileError, sa.exc.DBAPIError) as exc:
+                return Probe(False, f"{type(exc).__name__}: {str(exc).splitlines()[0]:.200}")
+            finally:
+                tx.rollback()
+        return Probe(n == 1 and seen == 7, f"the CTE counted {n} row(s); the row reads {seen}")
 
     def probe_microsecond_timestamps(self, env: Env) -> Probe:
         clock = ManualClock()

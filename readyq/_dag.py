@@ -32,28 +32,23 @@ def _terminal_lock(ad: Adapter) -> sa.Select[Any] | None:
     return ad.lock_terminal(sa.select(c.id).where(c.id == sa.bindparam("job_id")))
 
 
-# One statement: state is assigned first, from the count before the decrement (MySQL
-# evaluates SET left to right, the other databases from the old row).
-_LAST = sa.and_(in_states(T["promote"].sources), c.pending_deps == 1)
-_PROMOTE = (
-    sa.update(jobs)
-    .where(c.id.in_(sa.select(deps.c.job_id).where(deps.c.depends_on == sa.bindparam("job_id"))))
-    .ordered_values(
-        (c.state, sa.case((_LAST, T["promote"].target.value), else_=c.state)),
-        (c.pending_deps, c.pending_deps - 1),
-    )
-)
-
-
 @functools.lru_cache(maxsize=256)
-def _promote_many(k: int) -> sa.Update:
-    """``k`` parents done at once: each child loses one count per finished parent."""
-    edges = sa.select(deps.c.job_id).where(deps.c.depends_on.in_(id_binds("done", k)))
-    n = (
-        sa.select(sa.func.count())
-        .where(deps.c.job_id == c.id, deps.c.depends_on.in_(id_binds("done", k)))
-        .scalar_subquery()
-    )
+def promote_done(k: int) -> sa.Update:
+    """``k`` parents done (binds ``done0`` ..): each child loses one count per finished
+    parent, and the child whose last count this was becomes ready.
+
+    One statement: state is assigned first, from the count before the decrement (MySQL
+    evaluates SET left to right, the other databases from the old row).
+    """
+    done = id_binds("done", k)
+    edges = sa.select(deps.c.job_id).where(deps.c.depends_on.in_(done))
+    n: Any = 1
+    if k > 1:
+        n = (
+            sa.select(sa.func.count())
+            .where(deps.c.job_id == c.id, deps.c.depends_on.in_(done))
+            .scalar_subquery()
+        )
     last = sa.and_(in_states(T["promote"].sources), c.pending_deps == n)
     return (
         sa.update(jobs)
@@ -72,6 +67,7 @@ def after_terminal(
     *,
     now: int,
     locked: bool = False,
+    promoted: int | None = None,
 ) -> dict[int, int]:
     """Consequences of jobs reaching a terminal state, in the same transaction.
 
@@ -82,7 +78,9 @@ def after_terminal(
     settled job, how many dependents were touched (decremented, cancelled, rolled up).
 
     ``locked``: the caller already took the terminal lock on the settled jobs' rows.
-    Dependents of several DONE jobs are promoted in one statement (their total only).
+    ``promoted``: the caller already ran :func:`promote_done` for the DONE jobs, which
+    touched this many rows. Dependents of several DONE jobs are promoted in one
+    statement (their total only).
     """
     touched = {job_id: 0 for job_id, _, _ in settled}
     lock = _terminal_lock(ad)
@@ -90,11 +88,10 @@ def after_terminal(
         for job_id, _, _ in settled:
             conn.execute(lock, {"job_id": job_id})
     done = [job_id for job_id, state, _ in settled if state == S.DONE]
-    if len(done) == 1:
-        touched[done[0]] += conn.execute(_PROMOTE, {"job_id": done[0]}).rowcount
-    elif done:
-        promote = _promote_many(len(done))
-        touched[done[0]] += conn.execute(promote, id_values("done", done)).rowcount
+    if done and promoted is None:
+        promoted = conn.execute(promote_done(len(done)), id_values("done", done)).rowcount
+    if done:
+        touched[done[0]] += promoted or 0
     for job_id, state, parent in settled:
         work = [(job_id, state, parent)]
         first = True
@@ -104,7 +101,7 @@ def after_terminal(
                 if lock is not None:
                     conn.execute(lock, {"job_id": jid})
                 if st == S.DONE:
-                    touched[job_id] += conn.execute(_PROMOTE, {"job_id": jid}).rowcount
+                    touched[job_id] += conn.execute(promote_done(1), {"done0": jid}).rowcount
             if st != S.DONE:
                 waiting = sa.select(deps.c.job_id).where(deps.c.depends_on == jid)
                 dependents = sorted(conn.execute(waiting).scalars())

@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ._dag import after_terminal
+from ._dag import after_terminal, promote_done
 from ._guards import LEASE_CLEARED as _LEASE_CLEARED
 from ._guards import cut as _cut
 from ._guards import guard as _guard
@@ -344,6 +344,21 @@ def _finalize_update(n: int) -> Any:
     )
 
 
+@functools.lru_cache(maxsize=128)
+def _finalize_and_promote(n: int) -> sa.Select[Any]:
+    """:func:`_finalize_update` and :func:`promote_done` as one statement (data-modifying
+    CTEs), returning both row counts. Its snapshot is taken after the terminal lock, so
+    it sees every dependency edge committed while that lock waited (inside the locking
+    statement itself, the edges would be invisible and a dependent would stay blocked).
+    """
+    fin = _finalize_update(n).returning(c.id).cte("fin")
+    promo = promote_done(n).returning(c.id).cte("promo")
+    return sa.select(
+        sa.select(sa.func.count()).select_from(fin).scalar_subquery(),
+        sa.select(sa.func.count()).select_from(promo).scalar_subquery(),
+    )
+
+
 def finalize_many(
     conn: Connection, ad: Adapter, items: Sequence[tuple[Lease, str]], *, now: int
 ) -> list[Outcome | LeaseLost]:
@@ -371,14 +386,19 @@ def finalize_many(
     params: dict[str, Any] = {"now": now, **id_values("id", [lease.job_id for lease, _ in live])}
     for k, (lease, result) in enumerate(live):
         params[f"i{k}"], params[f"r{k}"] = lease.job_id, result
-    changed = conn.execute(_finalize_update(len(live)), params).rowcount
+    promoted: int | None = None
+    if ad.update_in_cte:
+        params.update(id_values("done", [lease.job_id for lease, _ in live]))
+        changed, promoted = conn.execute(_finalize_and_promote(len(live)), params).one()
+    else:
+        changed = conn.execute(_finalize_update(len(live)), params).rowcount
     if changed != len(live):  # locked and verified above: the adapter's lock did not hold
         raise UnsupportedDatabase(
             f"finalize changed {changed} of {len(live)} rows it had locked: the adapter's "
             "lock_terminal/lock_update does not lock (run the conformance suite)"
         )
     settled = [(lease.job_id, S.DONE, rows[lease.job_id].parent_id) for lease, _ in live]
-    touched = after_terminal(conn, ad, settled, now=now, locked=True)
+    touched = after_terminal(conn, ad, settled, now=now, locked=True, promoted=promoted)
     return [
         Outcome(o.job_id, o.token, o.state, dependents=touched[o.job_id])
         if isinstance(o, Outcome) and not o.replayed

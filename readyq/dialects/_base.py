@@ -48,6 +48,9 @@ class Adapter:
     #: and BEGIN and COMMIT would be two more round trips per claim. Not on SQLite,
     #: where only ``BEGIN IMMEDIATE`` makes a writer wait for the lock (NOTES 2).
     claim_autocommit: ClassVar[bool] = False
+    #: ``WITH u AS (UPDATE ... RETURNING ...) SELECT ...``: a data-modifying CTE, so a
+    #: finalize updates the jobs and promotes their dependents in one statement.
+    update_in_cte: ClassVar[bool] = False
     #: ``INSERT ... RETURNING`` over many rows, ids in parameter order.
     insert_returning: ClassVar[bool] = False
     #: Only one write transaction at a time (SQLite).

@@ -29,6 +29,7 @@ class PostgreSQLAdapter(Adapter):
     update_returning = True
     claim_in_one_statement = True
     claim_autocommit = True
+    update_in_cte = True
     insert_returning = True
     listen_notify = True
 
