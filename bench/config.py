@@ -64,13 +64,16 @@ class Config:
             profile_jobs=100,
         )
 
-    def drain_variants(self) -> list[tuple[int, bool]]:
-        """(claim limit, batched finalize) pairs of the raw drain: a batch needs limit > 1."""
+    def drain_variants(self) -> list[tuple[int, str]]:
+        """(claim limit, finish) pairs of the raw drain. finish: ``each`` (finalize per
+        lease), ``batch`` (one finalize_many per claim; needs limit > 1) or ``fused``
+        (finalize_and_claim: a round's results commit with the next claim)."""
         out = []
         for limit in sorted(set(self.limits)):
-            out.append((limit, False))
+            out.append((limit, "each"))
             if limit > 1:
-                out.append((limit, True))
+                out.append((limit, "batch"))
+            out.append((limit, "fused"))
         return out
 
     def counts(self, mode: str) -> list[int]:

@@ -94,46 +94,54 @@ def reference_loop(url: str, client: int, clients: int, seconds: float, barrier:
     return _guard(run)
 
 
-def drain_loop(url: str, worker_id: str, limit: int, batch: bool, barrier: Barrier) -> Result:
-    """The raw drain: ``claim(limit)`` then ``finalize`` each lease (``batch``: all of them
-    in one ``finalize_many`` transaction), until a claim comes back empty."""
+def drain_loop(url: str, worker_id: str, limit: int, finish: str, barrier: Barrier) -> Result:
+    """The raw drain (see :func:`drain`) on a queue of its own, timed."""
 
     def run() -> Result:
         q = readyq.Queue(url)
         try:
             q.counts()  # connects and resolves the adapter before the clock starts
             barrier.wait(120)
-            first: float | None = None
-            last = 0.0
-            n = claims = 0
-            while True:
-                t = time.time()
-                leases = q.claim(worker_id, ttl=120, limit=limit)
-                claims += 1
-                if not leases:
-                    break
-                if first is None:
-                    first = t
-                finish(q, leases, batch)
-                n += len(leases)
-                last = time.time()
+            return drain(q, worker_id, limit, finish)
         finally:
             q.close()
-        return {"count": n, "first": first, "last": last, "claims": claims}
 
     return _guard(run)
 
 
-def finish(q: readyq.Queue, leases: list[readyq.Lease], batch: bool) -> None:
-    """Finalize the leases one transaction each, or all in one (``finalize_many``)."""
-    if batch:
-        outcomes = q.finalize_many([(lease, None) for lease in leases])
+def drain(q: readyq.Queue, worker_id: str, limit: int, finish: str) -> Result:
+    """``claim(limit)`` and finish the leases until a claim comes back empty. ``finish``:
+    ``each`` (one ``finalize`` per lease), ``batch`` (one ``finalize_many``), or
+    ``fused`` (``finalize_and_claim``: the results commit with the next claim)."""
+    first: float | None = None
+    last = 0.0
+    n = claims = 0
+    t = time.time()
+    leases = q.claim(worker_id, ttl=120, limit=limit)
+    while True:
+        claims += 1
+        if not leases:
+            break
+        if first is None:
+            first = t
+        results: list[tuple[readyq.Lease, None]] = [(lease, None) for lease in leases]
+        if finish == "fused":
+            outcomes, nxt = q.finalize_and_claim(results, worker_id, ttl=120, limit=limit)
+        else:
+            if finish == "batch":
+                outcomes = q.finalize_many(results)
+            else:
+                outcomes = [q.finalize(lease, None) for lease in leases]
+            last = time.time()  # the next claim is not part of this round's finish
+            nxt = q.claim(worker_id, ttl=120, limit=limit)
         lost = [o for o in outcomes if isinstance(o, readyq.LeaseLost)]
         if lost:
             raise lost[0]
-    else:
-        for lease in leases:
-            q.finalize(lease, None)
+        n += len(leases)
+        if finish == "fused":
+            last = time.time()
+        leases = nxt
+    return {"count": n, "first": first, "last": last, "claims": claims}
 
 
 def _noop(ctx: readyq.JobContext, args: dict[str, Any]) -> None:

@@ -61,6 +61,8 @@ def _drain(result: dict[str, Any]) -> list[str]:
         name = f"{r['runner']} {r['mode']} x{r['workers']} limit {r['limit']}"
         if r.get("finalize") == "batch":
             name += ", finalize_many"
+        elif r.get("finalize") == "fused":
+            name += ", finalize_and_claim"
         if r["runner"] == "worker":
             name = f"Worker {r['mode']} x{r['workers']} {r['groups']} groups, {r['limit']} slots"
         extra = f"{r['vs_raw']:.2f}" if r.get("vs_raw") else ""

@@ -218,13 +218,13 @@ class Bench:
         rows: list[Stats] = []
         for mode in cfg.modes:
             for workers in cfg.counts(mode):
-                for limit, batch in cfg.drain_variants():
+                for limit, finish in cfg.drain_variants():
 
                     def once(
                         n: int,
                         mode: str = mode,
                         w: int = workers,
-                        lb: tuple[int, bool] = (limit, batch),
+                        lb: tuple[int, str] = (limit, finish),
                     ) -> float:
                         self._prefill(n)
                         args = [(self.url, f"{mode[0]}{i}", *lb) for i in range(w)]
@@ -240,7 +240,7 @@ class Bench:
                         "mode": mode,
                         "workers": workers,
                         "limit": limit,
-                        "finalize": "batch" if batch else "each",
+                        "finalize": finish,
                         "jobs": cfg.jobs,
                         "jobs_per_s": stats,
                         "ratio": stats["median"] / self.ref(mode, workers),
@@ -248,7 +248,7 @@ class Bench:
                     rows.append(row)
                     self.log(
                         f"drain raw {mode:7} x{workers:<3} limit {limit:<3} "
-                        f"{'batch' if batch else 'each ':5} {stats['median']:9.0f} jobs/s"
+                        f"{finish:5} {stats['median']:9.0f} jobs/s"
                     )
         rows += self._fair(rows)
         return rows
@@ -493,10 +493,9 @@ class Bench:
                     for i in range(start, min(n, start + 100)):
                         g.add("noop", {"i": i})
 
-        def drainer(limit: int, batch: bool) -> Callable[[readyq.Queue], None]:
+        def drainer(limit: int, finish: str) -> Callable[[readyq.Queue], None]:
             def act(q: readyq.Queue) -> None:
-                while leases := q.claim("cost", ttl=60, limit=limit):
-                    loops.finish(q, leases, batch)
+                loops.drain(q, "cost", limit, finish)
 
             return act
 
@@ -505,9 +504,9 @@ class Bench:
 
         measure("enqueue_single", reset, single)
         measure("enqueue_batch_100", reset, batch)
-        for limit, batch in cfg.drain_variants():
-            name = f"drain_limit_{limit}" + ("_batch" if batch else "")
-            measure(name, lambda: self._prefill(n), drainer(limit, batch))
+        for limit, finish in cfg.drain_variants():
+            name = f"drain_limit_{limit}" + ("" if finish == "each" else f"_{finish}")
+            measure(name, lambda: self._prefill(n), drainer(limit, finish))
         if pg:
             out["reference_wal_bytes_per_tx"] = _reference_wal(self.url, n)
             out["note"] = (

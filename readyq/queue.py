@@ -25,6 +25,21 @@ c = jobs.c
 _RETRIES = 8
 
 
+def _claim_args(
+    worker_id: str, ttl: float, limit: int, groups: Sequence[str] | None
+) -> tuple[list[str] | None, int]:
+    """A claim's arguments checked: (groups as a list or None, ttl in microseconds)."""
+    if not isinstance(worker_id, str) or not worker_id:
+        raise InvalidJob("worker_id must be a non-empty string")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidJob(f"limit must be a positive int, not {limit!r}")
+    if groups is not None:
+        if isinstance(groups, str) or not all(isinstance(g, str) for g in groups):
+            raise InvalidJob("groups must be a list of group names")
+        groups = list(groups)
+    return groups, _ttl_us(ttl)
+
+
 def _ttl_us(ttl: float, what: str = "ttl") -> int:
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 1e7:
         raise InvalidJob(f"{what} must be a positive number of seconds, not {ttl!r}")
@@ -323,17 +338,9 @@ class Queue:
         group); jobs come in that order, groups without ready jobs fall through, and
         leftover slots go to groups that had more. Without it: priority, then age.
         """
-        if not isinstance(worker_id, str) or not worker_id:
-            raise InvalidJob("worker_id must be a non-empty string")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidJob(f"limit must be a positive int, not {limit!r}")
-        if groups is not None:
-            if isinstance(groups, str) or not all(isinstance(g, str) for g in groups):
-                raise InvalidJob("groups must be a list of group names")
-            groups = list(groups)
-            if not groups:
-                return []
-        ttl_us = _ttl_us(ttl)
+        groups, ttl_us = _claim_args(worker_id, ttl, limit, groups)
+        if groups == []:
+            return []
         return self._write(
             lambda conn, ad, now: _store.claim(
                 conn, ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
@@ -376,20 +383,68 @@ class Queue:
         the same leases, those that did commit come back ``replayed``. A dependent's
         promotion is counted once, in the first outcome's ``dependents``.
         """
-        items: list[tuple[Lease, str]] = []
-        for pair in results:
-            if not isinstance(pair, tuple) or len(pair) != 2:
-                raise InvalidJob("finalize_many() takes (lease, result) pairs")
-            result = {} if pair[1] is None else pair[1]
-            items.append((_lease(pair[0]), encode_payload(result, "result")))
-        if len({lease.job_id for lease, _ in items}) != len(items):
-            raise InvalidJob("finalize_many() got the same job twice; give each lease once")
+        items = self._results(results, "finalize_many")
         if not items:
             return []
         return self._write(
             lambda conn, ad, now: _store.finalize_many(conn, ad, items, now=now),
             notify=lambda out: any(isinstance(o, Outcome) and o.dependents for o in out),
         )
+
+    def finalize_and_claim(
+        self,
+        results: Iterable[tuple[Lease, dict[str, Any] | None]],
+        worker_id: str,
+        *,
+        ttl: float = 30.0,
+        limit: int = 1,
+        groups: Sequence[str] | None = None,
+    ) -> tuple[list[Outcome | LeaseLost], list[Lease]]:
+        """:meth:`finalize_many` then :meth:`claim`, in one transaction: a worker loop's
+        next leases come with the commit of its last results (one commit, not two).
+
+        All or nothing: if the transaction fails, no result is recorded and nothing is
+        leased; call again with the same leases (those recorded come back ``replayed``).
+        The claim sees the dependents this finalize just promoted.
+        """
+        items = self._results(results, "finalize_and_claim")
+        claim_groups, ttl_us = _claim_args(worker_id, ttl, limit, groups)
+
+        def run(
+            conn: Connection, ad: dialects.Adapter, now: int
+        ) -> tuple[list[Outcome | LeaseLost], list[Lease]]:
+            out = _store.finalize_many(conn, ad, items, now=now) if items else []
+            if claim_groups == []:
+                return out, []
+            leases = _store.claim(
+                conn,
+                ad,
+                worker_id=worker_id,
+                now=now,
+                ttl_us=ttl_us,
+                limit=limit,
+                groups=claim_groups,
+            )
+            return out, leases
+
+        return self._write(
+            run, notify=lambda r: any(isinstance(o, Outcome) and o.dependents for o in r[0])
+        )
+
+    @staticmethod
+    def _results(
+        results: Iterable[tuple[Lease, dict[str, Any] | None]], what: str
+    ) -> list[tuple[Lease, str]]:
+        """(lease, result) pairs checked and encoded, each job once."""
+        items: list[tuple[Lease, str]] = []
+        for pair in results:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise InvalidJob(f"{what}() takes (lease, result) pairs")
+            result = {} if pair[1] is None else pair[1]
+            items.append((_lease(pair[0]), encode_payload(result, "result")))
+        if len({lease.job_id for lease, _ in items}) != len(items):
+            raise InvalidJob(f"{what}() got the same job twice; give each lease once")
+        return items
 
     def fail(self, lease: Lease, error: str | BaseException, *, retry: bool = True) -> Outcome:
         """Record a failed attempt: retried after a backoff while attempts remain, else failed."""

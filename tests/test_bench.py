@@ -79,6 +79,8 @@ def test_drain_covers_workers_modes_limits_and_the_fair_worker(
     batched = {(r["mode"], r["limit"]) for r in rows if r.get("finalize") == "batch"}
     assert ("thread", 10) in batched
     assert all(lim > 1 for _, lim in batched)
+    fused = {(r["mode"], r["limit"]) for r in rows if r.get("finalize") == "fused"}
+    assert {("thread", 1), ("thread", 10)} <= fused
     assert any(mode == "process" for mode, _, _ in raw)
     assert any(r["runner"] == "worker" and r["groups"] == 10 for r in rows)
     assert all(_positive(r["jobs_per_s"]) and r["ratio"] > 0 for r in rows)

@@ -17,9 +17,9 @@ from readyq.graph import _insert
 from readyq.schema import jobs
 
 try:
-    from tests.racers import drain
+    from tests.racers import drain, drain_fused
 except ImportError:
-    from racers import drain  # type: ignore[no-redef]
+    from racers import drain, drain_fused  # type: ignore[no-redef]
 
 pytestmark = [pytest.mark.backend, pytest.mark.concurrency]
 JOBS = 240
@@ -45,6 +45,19 @@ def test_eight_threads_claim_disjoint_jobs(queue_url: str, queue: readyq.Queue, 
     ids = fill(queue)
     with ThreadPoolExecutor(8) as pool:
         results = pool.map(drain, [queue_url] * 8, [f"t{i}" for i in range(8)], [limit] * 8)
+        events = [e for r in results for e in r]
+    check_exactly_once(events, ids)
+    assert queue.counts()["done"] == JOBS
+
+
+@pytest.mark.parametrize("limit", [1, 4])
+def test_eight_threads_finalizing_with_their_next_claim_run_each_job_once(
+    queue_url: str, queue: readyq.Queue, limit: int
+) -> None:
+    """finalize_and_claim in 8 racing threads: each job claimed once, finalized once."""
+    ids = fill(queue)
+    with ThreadPoolExecutor(8) as pool:
+        results = pool.map(drain_fused, [queue_url] * 8, [f"t{i}" for i in range(8)], [limit] * 8)
         events = [e for r in results for e in r]
     check_exactly_once(events, ids)
     assert queue.counts()["done"] == JOBS

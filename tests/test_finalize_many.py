@@ -142,3 +142,74 @@ def test_children_of_one_container_finished_together_roll_it_up(q: readyq.Queue)
     leases = q.claim("w", limit=3)
     q.finalize_many([(lease, None) for lease in leases])
     assert q.get(box.id).state == JobState.DONE
+
+
+class TestFinalizeAndClaim:
+    def test_results_and_next_leases_commit_together(self, q: readyq.Queue) -> None:
+        """The results of one round and the next round's leases cost one commit."""
+        (first,) = leased(q, 1)
+        q.enqueue("t")
+        commits: list[int] = []
+        sa.event.listen(q.engine, "commit", lambda conn: commits.append(1))
+        out, nxt = q.finalize_and_claim([(first, {"ok": 1})], "w", limit=5)
+        assert len(commits) == 1
+        assert [o.state for o in out] == [JobState.DONE]
+        assert [lease.job_id for lease in nxt] == [first.job_id + 1]
+
+    def test_claim_sees_the_dependents_it_just_promoted(self, q: readyq.Queue) -> None:
+        """A dependent made ready by this finalize is leased in the same transaction."""
+        a = q.enqueue("a")
+        b = q.enqueue("b", after=[a])
+        (lease,) = q.claim("w")
+        _, nxt = q.finalize_and_claim([(lease, None)], "w")
+        assert [x.job_id for x in nxt] == [b]
+
+    def test_stale_lease_gets_its_lease_lost_and_the_claim_goes_on(
+        self, q: readyq.Queue, clock: Any
+    ) -> None:
+        """A stale result does not stop the claim: its slot holds LeaseLost."""
+        (old,) = leased(q, 1)
+        clock.advance(120)
+        q.reclaim()
+        out, nxt = q.finalize_and_claim([(old, None)], "w")
+        assert isinstance(out[0], LeaseLost)
+        assert [x.job_id for x in nxt] == [old.job_id]
+
+    def test_failed_claim_records_no_result(
+        self, q: readyq.Queue, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """All or nothing: the claim part raising rolls the results back too."""
+        (lease,) = leased(q, 1)
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("claim failed")
+
+        monkeypatch.setattr(readyq.queue._store, "claim", broken)
+        with pytest.raises(RuntimeError, match="claim failed"):
+            q.finalize_and_claim([(lease, {"ok": 1})], "w")
+        assert q.get(lease.job_id).state == JobState.RUNNING
+
+    def test_no_results_is_a_plain_claim(self, q: readyq.Queue) -> None:
+        """The first round has nothing to finalize."""
+        job = q.enqueue("t")
+        assert [x.job_id for x in q.finalize_and_claim([], "w")[1]] == [job]
+
+    @pytest.mark.parametrize(
+        ("kwargs", "match"),
+        [({"limit": 0}, "limit"), ({"ttl": -1}, "ttl"), ({"groups": "g"}, "groups")],
+    )
+    def test_bad_claim_argument_changes_nothing(
+        self, q: readyq.Queue, kwargs: dict[str, Any], match: str
+    ) -> None:
+        """Invalid claim arguments are refused before the results are written."""
+        (lease,) = leased(q, 1)
+        with pytest.raises(InvalidJob, match=match):
+            q.finalize_and_claim([(lease, None)], "w", **kwargs)
+        assert q.get(lease.job_id).state == JobState.RUNNING
+
+    def test_same_job_twice_is_refused(self, q: readyq.Queue) -> None:
+        """Each lease once, as in finalize_many."""
+        (lease,) = leased(q, 1)
+        with pytest.raises(InvalidJob, match="same job twice"):
+            q.finalize_and_claim([(lease, None), (lease, None)], "w")
+        assert q.get(lease.job_id).state == JobState.RUNNING
