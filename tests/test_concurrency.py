@@ -6,6 +6,7 @@ import multiprocessing
 import random
 import threading
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
@@ -23,6 +24,7 @@ except ImportError:
 
 pytestmark = [pytest.mark.backend, pytest.mark.concurrency]
 JOBS = 240
+Event = tuple[str, int, int, str]
 
 
 def fill(q: readyq.Queue, n: int = JOBS) -> set[int]:
@@ -39,25 +41,16 @@ def check_exactly_once(events: list[tuple[str, int, int, str]], ids: set[int]) -
     assert finals == claims, "every claim was finalized exactly once"
 
 
+@pytest.mark.parametrize("loop", [drain, drain_fused], ids=["finalize", "finalize_and_claim"])
 @pytest.mark.parametrize("limit", [1, 4])
-def test_eight_threads_claim_disjoint_jobs(queue_url: str, queue: readyq.Queue, limit: int) -> None:
-    """8 threads, each on its own connection, drain the queue; each job runs exactly once."""
-    ids = fill(queue)
-    with ThreadPoolExecutor(8) as pool:
-        results = pool.map(drain, [queue_url] * 8, [f"t{i}" for i in range(8)], [limit] * 8)
-        events = [e for r in results for e in r]
-    check_exactly_once(events, ids)
-    assert queue.counts()["done"] == JOBS
-
-
-@pytest.mark.parametrize("limit", [1, 4])
-def test_eight_threads_finalizing_with_their_next_claim_run_each_job_once(
-    queue_url: str, queue: readyq.Queue, limit: int
+def test_eight_threads_claim_disjoint_jobs(
+    queue_url: str, queue: readyq.Queue, limit: int, loop: Callable[..., list[Event]]
 ) -> None:
-    """finalize_and_claim in 8 racing threads: each job claimed once, finalized once."""
+    """8 threads, each on its own connection, drain the queue; each job runs exactly once
+    (results finalized on their own, or committed with the next claim)."""
     ids = fill(queue)
     with ThreadPoolExecutor(8) as pool:
-        results = pool.map(drain_fused, [queue_url] * 8, [f"t{i}" for i in range(8)], [limit] * 8)
+        results = pool.map(loop, [queue_url] * 8, [f"t{i}" for i in range(8)], [limit] * 8)
         events = [e for r in results for e in r]
     check_exactly_once(events, ids)
     assert queue.counts()["done"] == JOBS

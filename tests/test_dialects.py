@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
 import readyq
-from readyq import UnsupportedDatabase, _guards, _store, dialects
+from readyq import UnsupportedDatabase, dialects
 from readyq.dialects.mysql import MariaDBAdapter, MySQLAdapter
 from readyq.dialects.postgresql import PostgreSQLAdapter
 from readyq.dialects.sqlite import SQLiteAdapter
@@ -124,48 +122,3 @@ def test_microseconds_survive_every_dialect(queue: readyq.Queue) -> None:
     queue.enqueue("t")
     lease = queue.claim("w", ttl=0.654321)[0]
     assert queue.get(lease.job_id).lease_expires_at == lease.expires_at
-
-
-def _plan_rows(node: dict[str, Any], *, skip_ctes: bool) -> int:
-    """Rows a plan node and its children produced or filtered away, loops included."""
-    if skip_ctes and str(node.get("Subplan Name", "")).startswith("CTE"):
-        return 0
-    own = node.get("Actual Rows", 0) * node.get("Actual Loops", 1)
-    own += node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
-    return own + sum(_plan_rows(n, skip_ctes=skip_ctes) for n in node.get("Plans", []))
-
-
-@pytest.mark.backend
-def test_postgresql_claim_reaches_its_rows_by_key_under_stale_statistics(
-    queue: readyq.Queue,
-) -> None:
-    """Statistics taken while few jobs were ready must not make the claim's UPDATE walk
-    the whole ready set: it joins the picked ids by primary key (an ``id IN (picked)``
-    semi join visited every ready row on every claim)."""
-    if queue.engine.dialect.name != "postgresql":
-        pytest.skip("a PostgreSQL planner property")
-    queue.finalize(_claim_one(queue))
-    with queue.engine.connect() as conn:
-        conn.exec_driver_sql("ANALYZE readyq_jobs")  # the planner now believes 'ready' is rare
-    with queue.graph() as g:
-        for _ in range(2000):
-            g.add("t")
-    stmt = _store._claim_one_statement(queue.adapter, _guards.guard)
-    compiled = stmt.compile(dialect=queue.engine.dialect)
-    now = queue.clock.now_us()
-    params = compiled.construct_params({"now": now, "n": 5, "owner": "w", "expires": now + 1})
-    raw = queue.engine.raw_connection()
-    try:
-        cur = raw.cursor()
-        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {compiled.string}", params)
-        plan = cur.fetchone()[0][0]["Plan"]
-    finally:
-        raw.rollback()
-        raw.close()
-    outer = _plan_rows(plan, skip_ctes=True)
-    assert outer <= 30, f"the claim's UPDATE touched {outer} rows for 5 leases: {plan}"
-
-
-def _claim_one(queue: readyq.Queue) -> readyq.Lease:
-    queue.enqueue("t")
-    return queue.claim("w")[0]
