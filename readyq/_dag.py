@@ -33,14 +33,14 @@ def _terminal_lock(ad: Adapter) -> sa.Select[Any] | None:
 
 
 @functools.lru_cache(maxsize=256)
-def promote_done(k: int) -> sa.Update:
-    """``k`` parents done (binds ``done0`` ..): each child loses one count per finished
-    parent, and the child whose last count this was becomes ready.
+def promote_done(k: int, name: str = "done") -> sa.Update:
+    """``k`` parents done (their ids bound as ``{name}0`` ..): each child loses one count
+    per finished parent, and the child whose last count this was becomes ready.
 
     One statement: state is assigned first, from the count before the decrement (MySQL
     evaluates SET left to right, the other databases from the old row).
     """
-    done = id_binds("done", k)
+    done = id_binds(name, k)
     edges = sa.select(deps.c.job_id).where(deps.c.depends_on.in_(done))
     n: Any = 1
     if k > 1:
@@ -88,10 +88,10 @@ def after_terminal(
         for job_id, _, _ in settled:
             conn.execute(lock, {"job_id": job_id})
     done = [job_id for job_id, state, _ in settled if state == S.DONE]
-    if done and promoted is None:
-        promoted = conn.execute(promote_done(len(done)), id_values("done", done)).rowcount
     if done:
-        touched[done[0]] += promoted or 0
+        if promoted is None:
+            promoted = conn.execute(promote_done(len(done)), id_values("done", done)).rowcount
+        touched[done[0]] += promoted
     for job_id, state, parent in settled:
         work = [(job_id, state, parent)]
         first = True

@@ -324,15 +324,14 @@ def _settle_lock(ad: Adapter, n: int) -> sa.Select[Any]:
 @functools.lru_cache(maxsize=128)
 def _finalize_update(n: int) -> Any:
     """RUNNING -> DONE for ``n`` locked, verified rows, each with its own result."""
+    ids = id_binds("id", n)
     if n == 1:
         result: Any = sa.bindparam("r0")
     else:
-        result = sa.case(
-            {sa.bindparam(f"i{k}"): sa.bindparam(f"r{k}") for k in range(n)}, value=c.id
-        )
+        result = sa.case({i: sa.bindparam(f"r{k}") for k, i in enumerate(ids)}, value=c.id)
     return (
         sa.update(jobs)
-        .where(c.id.in_(id_binds("id", n)), _guard("finalize"))
+        .where(c.id.in_(ids), _guard("finalize"))
         .values(
             state=T["finalize"].target.value,
             result=result,
@@ -352,7 +351,7 @@ def _finalize_and_promote(n: int) -> sa.Select[Any]:
     statement itself, the edges would be invisible and a dependent would stay blocked).
     """
     fin = _finalize_update(n).returning(c.id).cte("fin")
-    promo = promote_done(n).returning(c.id).cte("promo")
+    promo = promote_done(n, "id").returning(c.id).cte("promo")
     return sa.select(
         sa.select(sa.func.count()).select_from(fin).scalar_subquery(),
         sa.select(sa.func.count()).select_from(promo).scalar_subquery(),
@@ -384,11 +383,9 @@ def finalize_many(
     if not live:
         return out
     params: dict[str, Any] = {"now": now, **id_values("id", [lease.job_id for lease, _ in live])}
-    for k, (lease, result) in enumerate(live):
-        params[f"i{k}"], params[f"r{k}"] = lease.job_id, result
+    params.update({f"r{k}": result for k, (_, result) in enumerate(live)})
     promoted: int | None = None
     if ad.update_in_cte:
-        params.update(id_values("done", [lease.job_id for lease, _ in live]))
         changed, promoted = conn.execute(_finalize_and_promote(len(live)), params).one()
     else:
         changed = conn.execute(_finalize_update(len(live)), params).rowcount
