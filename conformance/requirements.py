@@ -105,6 +105,10 @@ CAPABILITIES: dict[str, str] = {
 }
 
 
+#: Bind values of a one-statement claim of one job, at a time after every probe job.
+_CLAIM_ONE = {"now": 2**62, "n": 1, "owner": "probe", "expires": 2**62}
+
+
 class Requirements:
     """Declared capabilities of one adapter, and live probes of each."""
 
@@ -309,10 +313,9 @@ class Requirements:
     def probe_claim_in_one_statement(self, env: Env) -> Probe:
         self._ready_jobs(env, 2)
         stmt = _store._claim_one_statement(env.adapter, _guards.guard)
-        params = {"now": 2**62, "n": 1, "owner": "probe", "expires": 2**62}
         with env.engine.connect() as conn, conn.begin() as tx:
             try:
-                got = [int(r.id) for r in conn.execute(stmt, params)]
+                got = [int(r.id) for r in conn.execute(stmt, _CLAIM_ONE)]
             except (sa.exc.CompileError, sa.exc.DBAPIError) as exc:
                 return Probe(False, f"{type(exc).__name__}: {str(exc).splitlines()[0]:.200}")
             finally:
@@ -323,11 +326,10 @@ class Requirements:
     def probe_claim_autocommit(self, env: Env) -> Probe:
         ids = self._ready_jobs(env, 2)
         stmt = _store._claim_one_statement(env.adapter, _guards.guard)
-        params = {"now": 2**62, "n": 1, "owner": "probe", "expires": 2**62}
 
         def autocommit_claim() -> list[int]:
             with env.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                return [int(r.id) for r in conn.execute(stmt, params)]
+                return [int(r.id) for r in conn.execute(stmt, _CLAIM_ONE)]
 
         held, finished, att = self._held(
             env,
