@@ -72,41 +72,77 @@ class StatementCounter:
         sa.event.remove(self.engine, "commit", self._on_commit)
 
 
+#: Marks a statement sent in a psycopg pipeline in :func:`driver_round_trips`' counts.
+PIPELINED = "(pipelined) "
+
+
 @contextmanager
 def driver_round_trips(backend: str) -> Iterator[dict[str, int]]:
     """Counts the driver's requests to the server while the block runs (one thread only).
 
     Statement events miss what the dialect sends on its own: BEGIN/COMMIT (psycopg), the
     isolation level SET + COMMIT on each checkout and the ROLLBACK of the pool's reset
-    (PyMySQL). This wraps the driver's one send method; SQLite has no server (empty).
+    (PyMySQL), and statements readyq sends in a psycopg pipeline. On PostgreSQL this
+    counts every wait for the server: a statement, a command (BEGIN, COMMIT) and a
+    pipeline's sync (which carries all of its statements); PyMySQL: every request.
+    SQLite has no server (empty).
     """
     got: dict[str, int] = {}
-    target: Any = None
-    name = ""
-    if backend == "postgresql":
-        target = importlib.import_module("psycopg._connection_base").BaseConnection
-        name = "_exec_command"
-    elif backend in ("mysql", "mariadb"):
-        target = importlib.import_module("pymysql.connections").Connection
-        name = "_execute_command"
-    if target is None:
-        yield got
-        return
-    original = getattr(target, name)
+    spies: list[tuple[Any, str, Callable[..., str | None]]] = []
 
-    def spy(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+    def text_of(conn: Any, command: Any, *args: Any) -> str:
         text = args[0] if args and isinstance(args[0], (str, bytes)) else command
         if isinstance(text, bytes):
             text = text.decode(errors="replace")
-        head = " ".join(str(text).split()[:4])[:48]
-        got[head] = got.get(head, 0) + 1
-        return original(self, command, *args, **kwargs)
+        return " ".join(str(text).split()[:4])[:48]
 
-    setattr(target, name, spy)
+    if backend == "postgresql":
+        base = importlib.import_module("psycopg._connection_base").BaseConnection
+        # In a pipeline a command only joins the queue; the pipeline's sync waits.
+        spies.append(
+            (base, "_exec_command", lambda c, cmd, *a: None if c._pipeline else text_of(c, cmd))
+        )
+        spies.append(
+            (importlib.import_module("psycopg._cursor_base"), "execute", lambda *a: "statement")
+        )
+        spies.append(
+            (
+                importlib.import_module("psycopg._pipeline_base"),
+                "pipeline_communicate",
+                lambda *a: "pipeline sync",
+            )
+        )
+        # Statements sent in a pipeline pass no SQLAlchemy event: counted here, apart.
+        spies.append(
+            (
+                importlib.import_module("psycopg").Cursor,
+                "execute",
+                lambda cur, query, *a, **k: (
+                    PIPELINED + text_of(cur, query) if cur.connection._pipeline else None
+                ),
+            )
+        )
+    elif backend in ("mysql", "mariadb"):
+        conn_cls = importlib.import_module("pymysql.connections").Connection
+        spies.append((conn_cls, "_execute_command", text_of))
+    originals = [(target, name, getattr(target, name)) for target, name, _ in spies]
+
+    def spy(original: Callable[..., Any], label: Callable[..., str | None]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            head = label(*args)
+            if head is not None:
+                got[head] = got.get(head, 0) + 1
+            return original(*args, **kwargs)
+
+        return call
+
+    for (target, name, label), (_, _, original) in zip(spies, originals, strict=True):
+        setattr(target, name, spy(original, label))
     try:
         yield got
     finally:
-        setattr(target, name, original)
+        for target, name, original in originals:
+            setattr(target, name, original)
 
 
 class Bench:
@@ -453,18 +489,17 @@ class Bench:
                 driver_round_trips(self.backend) as sent,
             ):
                 act(q)
+            pipelined = {k: v for k, v in sent.items() if k.startswith(PIPELINED)}
+            sent = {k: v for k, v in sent.items() if k not in pipelined}
+            counter.texts.update(pipelined)
             row: Stats = {
                 "jobs": n,
-                "statements_per_job": counter.statements / n,
+                "statements_per_job": (counter.statements + sum(pipelined.values())) / n,
                 "transactions_per_job": counter.commits / n,
                 "statements": dict(sorted(counter.texts.items(), key=lambda kv: -kv[1])),
             }
-            if self.backend == "postgresql":
-                # psycopg sends BEGIN/COMMIT itself; statements go through the cursor.
-                trips = counter.statements + sum(sent.values())
-                row["driver_commands"] = sent
-            elif sent:
-                trips = sum(sent.values())  # PyMySQL: every request, statements included
+            if sent:
+                trips = sum(sent.values())  # every wait for the server
                 row["driver_commands"] = sent
             else:
                 trips = counter.statements + counter.commits  # SQLite: calls, no network

@@ -168,9 +168,9 @@ def _update_by_id(
 
 def unfenced_finalize(base: type[Adapter]) -> type[Adapter]:
     """finalize() that updates by job id only, ignoring the lease token (patched into
-    readyq._store.finalize and finalize_many for this process): a stale worker overwrites
-    the new holder."""
-    real, real_many = _store.finalize, _store.finalize_many
+    readyq._store.finalize, finalize_many and finalize_at_once for this process): a stale
+    worker overwrites the new holder."""
+    real, real_many, real_at_once = _store.finalize, _store.finalize_many, _store.finalize_at_once
 
     def adopt(conn: Connection, lease: Lease) -> Lease:
         current = conn.execute(
@@ -186,8 +186,14 @@ def unfenced_finalize(base: type[Adapter]) -> type[Adapter]:
     def finalize_many(conn: Connection, ad: Adapter, items: Any, *, now: int) -> Any:
         return real_many(conn, ad, [(adopt(conn, ls), r) for ls, r in items], now=now)
 
+    def finalize_at_once(conn: Connection, ad: Adapter, items: Any, **kwargs: Any) -> Any:
+        with conn.engine.connect() as reader:  # conn is in autocommit: read beside it
+            adopted = [(adopt(reader, ls), r) for ls, r in items]
+        return real_at_once(conn, ad, adopted, **kwargs)
+
     _store.finalize = finalize  # type: ignore[assignment]
     _store.finalize_many = finalize_many
+    _store.finalize_at_once = finalize_at_once
     return base
 
 

@@ -94,6 +94,10 @@ CAPABILITIES: dict[str, str] = {
         "an UPDATE ... RETURNING runs inside the WITH clause of another statement (a "
         "data-modifying CTE): finalize and promotion become one statement"
     ),
+    "commit_together_capable": (
+        "statements sent together by commit_together on an autocommit connection are one "
+        "transaction: all committed at the end, or none if one fails"
+    ),
     "microsecond_timestamps": "times readyq stores keep their microseconds",
     "listen_notify": "LISTEN/NOTIFY delivers a notification between two sessions",
     "serialized_writers": "only one write transaction runs at a time (SQLite)",
@@ -145,6 +149,9 @@ class Requirements:
     def declare_update_in_cte(self, ad: Adapter) -> bool:
         return ad.update_in_cte
 
+    def declare_commit_together_capable(self, ad: Adapter) -> bool:
+        return ad.commit_together_capable
+
     def declare_microsecond_timestamps(self, ad: Adapter) -> bool:
         return True  # readyq stores BIGINT epoch microseconds on every database
 
@@ -184,6 +191,11 @@ class Requirements:
             out.append(
                 "claim_autocommit needs claim_in_one_statement and skip_locked: without a "
                 "transaction only one locking statement keeps a claim atomic"
+            )
+        if d["commit_together_capable"] and not d["update_in_cte"]:
+            out.append(
+                "commit_together_capable is used only with update_in_cte: a finalize sent in "
+                "one round trip needs its update and promotion in one statement"
             )
         if d["key_share_lock"] and not d["skip_locked"]:
             out.append("key_share_lock only means something together with skip_locked")
@@ -362,6 +374,36 @@ class Requirements:
             finally:
                 tx.rollback()
         return Probe(n == 1 and seen == 7, f"the CTE counted {n} row(s); the row reads {seen}")
+
+    def probe_commit_together_capable(self, env: Env) -> Probe:
+        (job,) = self._ready_jobs(env, 1)
+        beat = sa.update(jobs).where(c.id == job).values(heartbeat_us=sa.bindparam("beat"))
+        broken = sa.text("SELECT no_such_column FROM readyq_jobs")
+
+        def send(*statements: tuple[sa.Executable, dict[str, Any]]) -> str:
+            with env.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                try:
+                    got = env.adapter.commit_together(conn, list(statements))
+                except NotImplementedError:
+                    return "not implemented"
+                except sa.exc.DBAPIError:
+                    return "failed"
+                return "cannot on this connection" if got is None else "sent"
+
+        def heartbeat() -> Any:
+            with env.engine.connect() as conn:
+                return conn.execute(sa.select(c.heartbeat_us).where(c.id == job)).scalar()
+
+        first = send((beat, {"beat": 7}))
+        committed = heartbeat()
+        second = send((beat, {"beat": 8}), (broken, {}))
+        undone = heartbeat()
+        ok = (first, committed, second, undone) == ("sent", 7, "failed", 7)
+        return Probe(
+            ok,
+            f"one statement: {first}, the row reads {committed}; with a failing second "
+            f"statement: {second}, the row reads {undone}",
+        )
 
     def probe_microsecond_timestamps(self, env: Env) -> Probe:
         clock = ManualClock()

@@ -5,7 +5,7 @@ cancel and retry. Internal; runs inside the caller's write transaction.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,20 +33,28 @@ def _terminal_lock(ad: Adapter) -> sa.Select[Any] | None:
 
 
 @functools.lru_cache(maxsize=256)
-def promote_done(k: int, name: str = "done") -> sa.Update:
-    """``k`` parents done (their ids bound as ``{name}0`` ..): each child loses one count
-    per finished parent, and the child whose last count this was becomes ready.
+def promote_done(k: int) -> sa.Update:
+    """``k`` parents done (their ids bound as ``done0`` ..): each child loses one count
+    per finished parent, and the child whose last count this was becomes ready."""
+    return _promote(lambda col: col.in_(id_binds("done", k)), counted=k > 1)
 
-    One statement: state is assigned first, from the count before the decrement (MySQL
-    evaluates SET left to right, the other databases from the old row).
+
+def promote_from(done: sa.Select[Any]) -> sa.Update:
+    """:func:`promote_done` for the parents ``done`` selects (e.g. a CTE's ids)."""
+    return _promote(lambda col: col.in_(done), counted=True)
+
+
+def _promote(is_done: Callable[[Any], sa.ColumnElement[bool]], *, counted: bool) -> sa.Update:
+    """One statement: state is assigned first, from the count before the decrement (MySQL
+    evaluates SET left to right, the other databases from the old row). ``counted``: a
+    child may wait on several of the parents, so it loses one count per finished parent.
     """
-    done = id_binds(name, k)
-    edges = sa.select(deps.c.job_id).where(deps.c.depends_on.in_(done))
+    edges = sa.select(deps.c.job_id).where(is_done(deps.c.depends_on))
     n: Any = 1
-    if k > 1:
+    if counted:
         n = (
             sa.select(sa.func.count())
-            .where(deps.c.job_id == c.id, deps.c.depends_on.in_(done))
+            .where(deps.c.job_id == c.id, is_done(deps.c.depends_on))
             .scalar_subquery()
         )
     last = sa.and_(in_states(T["promote"].sources), c.pending_deps == n)

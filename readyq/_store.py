@@ -15,12 +15,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ._dag import after_terminal, promote_done
+from ._dag import after_terminal, promote_from
 from ._guards import LEASE_CLEARED as _LEASE_CLEARED
 from ._guards import cut as _cut
 from ._guards import guard as _guard
 from ._guards import id_binds, id_values
 from .dialects import Adapter
+from .dialects._base import pipeline_allowed
 from .errors import LeaseLost, UnsupportedDatabase
 from .job import TERMINAL, TRANSITIONS, JobState, Lease, Outcome, decode_payload
 from .schema import deps, jobs
@@ -101,15 +102,23 @@ def _claim_update(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]], n
 
 
 @functools.lru_cache(maxsize=64)
-def _claim_one_statement(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]]) -> Any:
+def _claim_one_statement(
+    ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]], unless_boxed: int = 0
+) -> Any:
     """The ungrouped claim as one statement: the locked select is the UPDATE's CTE.
+
+    ``unless_boxed``: it claims nothing if one of the jobs ``id0`` .. is inside a
+    container (see :func:`finalize_at_once`).
 
     MATERIALIZED: the select (and its LIMIT and row locks) runs exactly once; a CTE the
     planner inlined into the IN could be re-evaluated and lock more rows than asked for.
     Joined (UPDATE ... FROM picked), not ``id IN (SELECT ...)``: with stale statistics
     PostgreSQL ran the IN as a semi join that walked every ready row per claim.
     """
-    picked = _claim_select(ad, False).cte("picked").prefix_with("MATERIALIZED")
+    select = _claim_select(ad, False)
+    if unless_boxed:
+        select = select.where(_none_boxed(unless_boxed))
+    picked = select.cte("picked").prefix_with("MATERIALIZED")
     return (
         sa.update(jobs)
         # IS TRUE: the re-check must not drive the plan; as an index condition on state
@@ -178,8 +187,7 @@ def claim(
     params: dict[str, Any] = {"now": now, "owner": worker_id, "expires": now + ttl_us}
     if groups is None and ad.claim_in_one_statement:
         rows = list(conn.execute(_claim_one_statement(ad, _guard), {**params, "n": limit}))
-        rows.sort(key=lambda r: (r.priority, r.run_after_us, r.id))
-        return _leases(rows, worker_id, now + ttl_us)
+        return _claimed(rows, worker_id, now + ttl_us)
     if groups is None:
         ids = list(conn.execute(_claim_select(ad, False), {"now": now, "n": limit}).scalars())
     else:
@@ -196,6 +204,12 @@ def claim(
     order = {job_id: i for i, job_id in enumerate(ids)}
     rows.sort(key=lambda r: order[r.id])
     return _leases(rows, worker_id, now + ttl_us)
+
+
+def _claimed(rows: list[Any], worker_id: str, expires_us: int) -> list[Lease]:
+    """Leases from the one-statement claim's rows (RETURNING has no order): claim order."""
+    rows.sort(key=lambda r: (r.priority, r.run_after_us, r.id))
+    return _leases(rows, worker_id, expires_us)
 
 
 def _leases(rows: Iterable[Any], worker_id: str, expires_us: int) -> list[Lease]:
@@ -323,15 +337,20 @@ def _settle_lock(ad: Adapter, n: int) -> sa.Select[Any]:
 
 @functools.lru_cache(maxsize=128)
 def _finalize_update(n: int) -> Any:
-    """RUNNING -> DONE for ``n`` locked, verified rows, each with its own result."""
+    """RUNNING -> DONE for ``n`` jobs, each with its own result (``r{k}``), compare-and-set
+    on its lease token (``t{k}``): self-guarding, so it may leave before the lock's rows
+    are read (a stale lease's row is simply not changed)."""
     ids = id_binds("id", n)
+    result: Any
+    token: Any
     if n == 1:
-        result: Any = sa.bindparam("r0")
+        result, token = sa.bindparam("r0"), sa.bindparam("t0")
     else:
         result = sa.case({i: sa.bindparam(f"r{k}") for k, i in enumerate(ids)}, value=c.id)
+        token = sa.case({i: sa.bindparam(f"t{k}") for k, i in enumerate(ids)}, value=c.id)
     return (
         sa.update(jobs)
-        .where(c.id.in_(ids), _guard("finalize"))
+        .where(c.id.in_(ids), c.lease_token == token, _guard("finalize"))
         .values(
             state=T["finalize"].target.value,
             result=result,
@@ -343,32 +362,55 @@ def _finalize_update(n: int) -> Any:
     )
 
 
+def _none_boxed(n: int) -> sa.ColumnElement[bool]:
+    """None of the jobs ``id0`` .. ``id{n-1}`` is inside a container."""
+    settling = jobs.alias("settling")
+    return ~sa.exists().where(
+        settling.c.id.in_(id_binds("id", n)), settling.c.parent_id.is_not(None)
+    )
+
+
 @functools.lru_cache(maxsize=128)
-def _finalize_and_promote(n: int) -> sa.Select[Any]:
-    """:func:`_finalize_update` and :func:`promote_done` as one statement (data-modifying
-    CTEs), returning both row counts. Its snapshot is taken after the terminal lock, so
-    it sees every dependency edge committed while that lock waited (inside the locking
-    statement itself, the edges would be invisible and a dependent would stay blocked).
+def _finalize_and_promote(n: int, unless_boxed: bool = False) -> sa.Select[Any]:
+    """:func:`_finalize_update` and the promotion of the finished jobs' dependents as one
+    statement (data-modifying CTEs), returning both row counts. It must run after the
+    terminal lock, as a statement of its own: its snapshot then sees every dependency
+    edge committed while that lock waited (inside the locking statement, such an edge
+    would be invisible and its dependent would stay blocked).
     """
-    fin = _finalize_update(n).returning(c.id).cte("fin")
-    promo = promote_done(n, "id").returning(c.id).cte("promo")
+    update = _finalize_update(n)
+    if unless_boxed:  # a container's roll-up takes more statements: see finalize_at_once
+        update = update.where(_none_boxed(n))
+    fin = update.returning(c.id).cte("fin")
+    promo = promote_from(sa.select(fin.c.id)).returning(c.id).cte("promo")
     return sa.select(
         sa.select(sa.func.count()).select_from(fin).scalar_subquery(),
         sa.select(sa.func.count()).select_from(promo).scalar_subquery(),
     )
 
 
-def finalize_many(
-    conn: Connection, ad: Adapter, items: Sequence[tuple[Lease, str]], *, now: int
-) -> list[Outcome | LeaseLost]:
-    """RUNNING -> DONE for each (lease, result), promoting dependents, rolling up containers.
+Sent = tuple[Any, dict[str, Any]]
 
-    Each job is all-or-nothing and independent of the others: a stale lease gets its
-    LeaseLost in its slot (nothing of it changes), the live ones are finalized. Job ids
-    must be distinct.
-    """
-    ids = [lease.job_id for lease, _ in items]
-    rows = {r.id: r for r in conn.execute(_settle_lock(ad, len(ids)), id_values("id", ids))}
+
+def _settle_sent(
+    ad: Adapter, items: Sequence[tuple[Lease, str]], now: int, *, unless_boxed: bool = False
+) -> list[Sent]:
+    """The statements of a finalize that may leave together: the terminal lock, then (with
+    ``update_in_cte``) the self-guarding update and promotion."""
+    ids = id_values("id", [lease.job_id for lease, _ in items])
+    sent: list[Sent] = [(_settle_lock(ad, len(items)), ids)]
+    if ad.update_in_cte:
+        params: dict[str, Any] = {"now": now, **ids}
+        for k, (lease, result) in enumerate(items):
+            params[f"t{k}"], params[f"r{k}"] = lease.token, result
+        sent.append((_finalize_and_promote(len(items), unless_boxed), params))
+    return sent
+
+
+def _verdicts(
+    items: Sequence[tuple[Lease, str]], rows: dict[int, Any]
+) -> tuple[list[Outcome | LeaseLost], list[tuple[Lease, str]]]:
+    """Each lease against its locked row: finalized now, replayed, or lost; and the live."""
     out: list[Outcome | LeaseLost] = []
     live: list[tuple[Lease, str]] = []
     for lease, result in items:
@@ -380,20 +422,37 @@ def finalize_many(
             out.append(Outcome(lease.job_id, lease.token, S.DONE, replayed=True))
         else:
             out.append(_lost_from(row, lease, "finalize"))
-    if not live:
-        return out
-    params: dict[str, Any] = {"now": now, **id_values("id", [lease.job_id for lease, _ in live])}
-    params.update({f"r{k}": result for k, (_, result) in enumerate(live)})
+    return out, live
+
+
+def _settle(
+    conn: Connection,
+    ad: Adapter,
+    items: Sequence[tuple[Lease, str]],
+    results: list[list[Any]],
+    *,
+    now: int,
+) -> list[Outcome | LeaseLost]:
+    """A finalize's verdicts and consequences, from the results of :func:`_settle_sent`."""
+    rows = {r.id: r for r in results[0]}
+    out, live = _verdicts(items, rows)
     promoted: int | None = None
     if ad.update_in_cte:
-        changed, promoted = conn.execute(_finalize_and_promote(len(live)), params).one()
-    else:
+        ((changed, promoted),) = results[1]
+    elif live:
+        params: dict[str, Any] = {"now": now}
+        for k, (lease, result) in enumerate(live):
+            params.update({f"id{k}": lease.job_id, f"t{k}": lease.token, f"r{k}": result})
         changed = conn.execute(_finalize_update(len(live)), params).rowcount
-    if changed != len(live):  # locked and verified above: the adapter's lock did not hold
+    else:
+        return out
+    if changed != len(live):  # locked and verified: the adapter's lock did not hold
         raise UnsupportedDatabase(
             f"finalize changed {changed} of {len(live)} rows it had locked: the adapter's "
             "lock_terminal/lock_update does not lock (run the conformance suite)"
         )
+    if not live:
+        return out
     settled = [(lease.job_id, S.DONE, rows[lease.job_id].parent_id) for lease, _ in live]
     touched = after_terminal(conn, ad, settled, now=now, locked=True, promoted=promoted)
     return [
@@ -402,6 +461,94 @@ def finalize_many(
         else o
         for o in out
     ]
+
+
+def finalize_many(
+    conn: Connection, ad: Adapter, items: Sequence[tuple[Lease, str]], *, now: int
+) -> list[Outcome | LeaseLost]:
+    """RUNNING -> DONE for each (lease, result), promoting dependents, rolling up containers.
+
+    Each job is all-or-nothing and independent of the others: a stale lease gets its
+    LeaseLost in its slot (nothing of it changes), the live ones are finalized. Job ids
+    must be distinct.
+    """
+    results = ad.execute_together(conn, _settle_sent(ad, items, now))
+    return _settle(conn, ad, items, results, now=now)
+
+
+def finalize_and_claim(
+    conn: Connection,
+    ad: Adapter,
+    items: Sequence[tuple[Lease, str]],
+    *,
+    worker_id: str,
+    now: int,
+    ttl_us: int,
+    limit: int,
+    groups: Sequence[str] | None,
+) -> tuple[list[Outcome | LeaseLost], list[Lease]]:
+    """:func:`finalize_many` then :func:`claim` in the caller's transaction.
+
+    The claim sees what the finalize promoted. Where both are self-guarding single
+    statements, they leave together with the finalize's lock (one round trip).
+    """
+    claim_args: dict[str, Any] = {"worker_id": worker_id, "now": now, "ttl_us": ttl_us}
+    if not (items and ad.update_in_cte and groups is None and ad.claim_in_one_statement):
+        out = finalize_many(conn, ad, items, now=now) if items else []
+        leases = claim(conn, ad, **claim_args, limit=limit, groups=groups) if groups != [] else []
+        return out, leases
+    params = {"now": now, "owner": worker_id, "expires": now + ttl_us, "n": limit}
+    *done, got = ad.execute_together(
+        conn, [*_settle_sent(ad, items, now), (_claim_one_statement(ad, _guard), params)]
+    )
+    out = _settle(conn, ad, items, done, now=now)
+    return out, _claimed(got, worker_id, now + ttl_us)
+
+
+def commits_at_once(
+    ad: Adapter, engine: sa.Engine, *, claims: bool, groups: Sequence[str] | None
+) -> bool:
+    """Whether :func:`finalize_at_once` may do this finalize (and claim)."""
+    if not (ad.commit_together_capable and ad.update_in_cte):
+        return False
+    return pipeline_allowed(engine) and (
+        not claims or (groups is None and ad.claim_in_one_statement)
+    )
+
+
+def finalize_at_once(
+    conn: Connection,
+    ad: Adapter,
+    items: Sequence[tuple[Lease, str]],
+    *,
+    now: int,
+    claim: tuple[str, int, int] | None = None,
+) -> tuple[list[Outcome | LeaseLost], list[Lease]] | None:
+    """:func:`finalize_many` and, with ``claim`` = (worker_id, ttl_us, limit), the
+    one-statement claim, as one transaction of their own that commits in the same round
+    trip (:meth:`Adapter.commit_together`; ``conn`` is in autocommit).
+
+    None, having changed nothing, when one of the jobs is inside a container (its
+    roll-up takes statements that depend on this one's rows) or the connection cannot:
+    run :func:`finalize_and_claim` in a transaction then.
+    """
+    sent = _settle_sent(ad, items, now, unless_boxed=True)
+    if claim is not None:
+        worker_id, ttl_us, limit = claim
+        params = {"now": now, "owner": worker_id, "expires": now + ttl_us, "n": limit}
+        params.update(id_values("id", [lease.job_id for lease, _ in items]))
+        sent.append((_claim_one_statement(ad, _guard, len(items)), params))
+    results = ad.commit_together(conn, sent)
+    if results is None:
+        return None
+    if any(r.parent_id is not None for r in results[0]):
+        ((changed, _),) = results[1]
+        if changed or (claim is not None and results[2]):  # pragma: no cover - guarded
+            raise UnsupportedDatabase("finalize_at_once wrote jobs inside a container")
+        return None
+    out = _settle(conn, ad, items, results[:2], now=now)  # no container: no more statements
+    leases = [] if claim is None else _claimed(results[2], claim[0], now + claim[1])
+    return out, leases
 
 
 def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: int) -> Outcome:

@@ -365,10 +365,10 @@ class Queue:
         outcome (e.g. a dropped connection), it returns the recorded outcome.
         """
         text = encode_payload({} if result is None else result, "result")
-        return self._write(
-            lambda conn, ad, now: _store.finalize(conn, ad, _lease(lease), text, now=now),
-            notify=lambda outcome: outcome.dependents > 0,
-        )
+        ((outcome,), _) = self._settle([(_lease(lease), text)], None)
+        if isinstance(outcome, LeaseLost):
+            raise outcome
+        return outcome
 
     def finalize_many(
         self, results: Iterable[tuple[Lease, dict[str, Any] | None]]
@@ -386,10 +386,7 @@ class Queue:
         items = self._results(results, "finalize_many")
         if not items:
             return []
-        return self._write(
-            lambda conn, ad, now: _store.finalize_many(conn, ad, items, now=now),
-            notify=lambda out: any(isinstance(o, Outcome) and o.dependents for o in out),
-        )
+        return self._settle(items, None)[0]
 
     def finalize_and_claim(
         self,
@@ -409,27 +406,53 @@ class Queue:
         """
         items = self._results(results, "finalize_and_claim")
         claim_groups, ttl_us = _claim_args(worker_id, ttl, limit, groups)
+        if claim_groups == []:
+            return (self._settle(items, None)[0] if items else []), []
+        return self._settle(items, (worker_id, ttl_us, limit, claim_groups))
+
+    def _settle(
+        self,
+        items: list[tuple[Lease, str]],
+        claim: tuple[str, int, int, list[str] | None] | None,
+    ) -> tuple[list[Outcome | LeaseLost], list[Lease]]:
+        """Finalize ``items`` and, with ``claim`` = (worker_id, ttl_us, limit, groups),
+        claim: one transaction, sent in one round trip where the adapter can."""
+
+        def promoted(r: tuple[list[Outcome | LeaseLost], list[Lease]] | None) -> bool:
+            return r is not None and any(isinstance(o, Outcome) and o.dependents for o in r[0])
+
+        groups = None if claim is None else claim[3]
+        at_once = _store.commits_at_once(
+            self.adapter, self.engine, claims=bool(claim), groups=groups
+        )
+        if items and at_once:
+            also = None if claim is None else claim[:3]
+            got = self._write(
+                lambda conn, ad, now: _store.finalize_at_once(conn, ad, items, now=now, claim=also),
+                autocommit=True,
+                notify=promoted,
+            )
+            if got is not None:
+                return got
 
         def run(
             conn: Connection, ad: dialects.Adapter, now: int
         ) -> tuple[list[Outcome | LeaseLost], list[Lease]]:
-            out = _store.finalize_many(conn, ad, items, now=now) if items else []
-            if claim_groups == []:
-                return out, []
-            leases = _store.claim(
+            if claim is None:
+                return _store.finalize_many(conn, ad, items, now=now), []
+            worker_id, ttl_us, limit, groups = claim
+            return _store.finalize_and_claim(
                 conn,
                 ad,
+                items,
                 worker_id=worker_id,
                 now=now,
                 ttl_us=ttl_us,
                 limit=limit,
-                groups=claim_groups,
+                groups=groups,
             )
-            return out, leases
 
-        return self._write(
-            run, notify=lambda r: any(isinstance(o, Outcome) and o.dependents for o in r[0])
-        )
+        return self._write(run, notify=promoted)
 
     @staticmethod
     def _results(

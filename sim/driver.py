@@ -386,7 +386,9 @@ class Driver:
         event.listen(eng, "begin", ctx._begin)
         event.listen(eng, "commit", ctx._commit)
         event.listen(eng, "rollback", ctx._rollback)
-        return eng
+        # Statements sent in a PostgreSQL pipeline pass no cursor event: the interleaver
+        # could neither see nor schedule them, so every statement goes one by one here.
+        return eng.execution_options(readyq_pipeline=False)
 
     def kill(self, ctx: ActorCtx, conn: Connection) -> None:
         """End ``ctx``'s database session as a crash would (from an admin connection)."""

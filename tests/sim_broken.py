@@ -135,17 +135,21 @@ def two_transaction_claim() -> Hooks:
 
 def unfenced_finalize(monkeypatch: Any) -> Hooks:
     """finalize() that updates by job id only: it adopts whatever token the row has now."""
-    real = _store.finalize
+    real = _store.finalize_many
 
-    def finalize(conn: Connection, ad: Any, lease: Lease, result: str, *, now: int) -> Any:
+    def adopt(conn: Connection, lease: Lease) -> Lease:
         current = conn.execute(
             sa.select(c.lease_token, c.state).where(c.id == lease.job_id)
         ).first()
         if current is not None and current.state == "running":
             lease = dataclasses.replace(lease, token=current.lease_token)
-        return real(conn, ad, lease, result, now=now)
+        return lease
 
-    monkeypatch.setattr(_store, "finalize", finalize)
+    def finalize_many(conn: Connection, ad: Any, items: Any, *, now: int) -> Any:
+        return real(conn, ad, [(adopt(conn, lease), r) for lease, r in items], now=now)
+
+    # Queue.finalize reaches the rows through finalize_many (the sim sends no pipeline).
+    monkeypatch.setattr(_store, "finalize_many", finalize_many)
     return Hooks()
 
 

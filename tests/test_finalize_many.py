@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 import readyq
 from readyq import InvalidJob, JobState, LeaseLost, Outcome
+from readyq.schema import jobs
 
 pytestmark = pytest.mark.backend
 
@@ -175,19 +176,42 @@ class TestFinalizeAndClaim:
         assert isinstance(out[0], LeaseLost)
         assert [x.job_id for x in nxt] == [old.job_id]
 
-    def test_failed_claim_records_no_result(
+    def test_claim_failing_in_the_database_records_no_result(self, q: readyq.Queue) -> None:
+        """All or nothing: the claim's statement failing rolls the results back too."""
+        if q.adapter.name == "sqlite":
+            pytest.skip("SQLite turns an overflowing integer sum into a float, no error")
+        (lease,) = leased(q, 1)
+        waiting = q.enqueue("t")
+        # The claim computes deadline_us = now + timeout_us: out of BIGINT range here.
+        with q.engine.begin() as conn:
+            conn.execute(sa.update(jobs).where(jobs.c.id == waiting).values(timeout_us=2**63 - 1))
+        with pytest.raises(sa.exc.DBAPIError):
+            q.finalize_and_claim([(lease, {"ok": 1})], "w")
+        assert (q.get(lease.job_id).state, q.get(waiting).state) == (
+            JobState.RUNNING,
+            JobState.READY,
+        )
+
+    def test_claim_failing_after_its_statements_records_no_result_in_a_transaction(
         self, q: readyq.Queue, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """All or nothing: the claim part raising rolls the results back too."""
+        """Where the finalize and claim run in a client-side transaction, an error after
+        the statements (building the leases) rolls everything back."""
+        if readyq._store.commits_at_once(q.adapter, q.engine, claims=True, groups=None):
+            pytest.skip("commit_together: the commit leaves with the statements")
         (lease,) = leased(q, 1)
+        waiting = q.enqueue("t")
 
         def broken(*args: object, **kwargs: object) -> None:
             raise RuntimeError("claim failed")
 
-        monkeypatch.setattr(readyq.queue._store, "claim", broken)
+        monkeypatch.setattr(readyq.queue._store, "_leases", broken)
         with pytest.raises(RuntimeError, match="claim failed"):
             q.finalize_and_claim([(lease, {"ok": 1})], "w")
-        assert q.get(lease.job_id).state == JobState.RUNNING
+        assert (q.get(lease.job_id).state, q.get(waiting).state) == (
+            JobState.RUNNING,
+            JobState.READY,
+        )
 
     def test_no_results_is_a_plain_claim(self, q: readyq.Queue) -> None:
         """The first round has nothing to finalize."""

@@ -8,7 +8,7 @@ keeps readyq's guarantees. The interface may still change in a 0.x release.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -51,6 +51,9 @@ class Adapter:
     #: ``WITH u AS (UPDATE ... RETURNING ...) SELECT ...``: a data-modifying CTE, so a
     #: finalize updates the jobs and promotes their dependents in one statement.
     update_in_cte: ClassVar[bool] = False
+    #: :meth:`commit_together`: statements sent as one transaction in one round trip, on
+    #: a connection in autocommit (PostgreSQL's pipeline mode, psycopg 3).
+    commit_together_capable: ClassVar[bool] = False
     #: ``INSERT ... RETURNING`` over many rows, ids in parameter order.
     insert_returning: ClassVar[bool] = False
     #: Only one write transaction at a time (SQLite).
@@ -99,6 +102,30 @@ class Adapter:
 
     def after_install(self, engine: Engine) -> None:
         """Database settings that persist with the schema; default: nothing."""
+
+    def execute_together(
+        self, conn: Connection, statements: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
+    ) -> list[list[Any]]:
+        """Run ``statements`` in order on ``conn``, in its transaction; each one's rows.
+
+        Each statement runs after the one before it finished, with a fresh snapshot where
+        the isolation level takes one per statement; none may depend on an earlier one's
+        rows. Rows read by name and by position. Default: one after another; an adapter
+        may send them in one round trip (PostgreSQL's pipeline mode).
+        """
+        results = [conn.execute(stmt, dict(params)) for stmt, params in statements]
+        return [list(r) if r.returns_rows else [] for r in results]
+
+    def commit_together(
+        self, conn: Connection, statements: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
+    ) -> list[list[Any]] | None:
+        """Run ``statements`` as one transaction of their own, committed at the end, sent in
+        one round trip; ``conn`` is in autocommit. Each one's rows, as
+        :meth:`execute_together`. None when this connection cannot (nothing was sent):
+        the caller runs them in a transaction instead. Only where
+        ``commit_together_capable``.
+        """
+        raise NotImplementedError
 
     # -- wake-ups ---------------------------------------------------------------------
 
@@ -152,6 +179,13 @@ class Adapter:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.product} {_dotted(self.server_version)}>"
+
+
+def pipeline_allowed(conn: Connection | Engine) -> bool:
+    """False where the engine says ``execution_options(readyq_pipeline=False)``: every
+    statement then passes SQLAlchemy's cursor events (tracing; readyq's simulator, which
+    interleaves actors statement by statement)."""
+    return bool(conn.get_execution_options().get("readyq_pipeline", True))
 
 
 def _dotted(version: tuple[int, ...]) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+import functools
 import re
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -12,7 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import UnsupportedDatabase
-from ._base import Adapter, sqlstate
+from ._base import Adapter, pipeline_allowed, sqlstate
 
 __all__ = ["PostgreSQLAdapter"]
 
@@ -30,11 +33,33 @@ class PostgreSQLAdapter(Adapter):
     claim_in_one_statement = True
     claim_autocommit = True
     update_in_cte = True
+    commit_together_capable = True
     insert_returning = True
     listen_notify = True
 
     def version_reason(self) -> str:
         return "the oldest release still supported upstream, and the oldest readyq tests"
+
+    def execute_together(
+        self, conn: Connection, statements: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
+    ) -> list[list[Any]]:
+        # psycopg's pipeline mode: the statements leave in one round trip (the server still
+        # runs them one by one, each with its own snapshot). psycopg sends its own BEGIN
+        # before them and waits for it: one more round trip.
+        got = _pipelined(conn, statements) if len(statements) > 1 else None
+        return super().execute_together(conn, statements) if got is None else got
+
+    def commit_together(
+        self, conn: Connection, statements: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
+    ) -> list[list[Any]] | None:
+        # BEGIN and COMMIT travel in the pipeline too. Explicit, not the implicit
+        # transaction a pipeline gets up to its sync: that one takes the server's
+        # default_transaction_isolation, and at REPEATABLE READ a statement would not see
+        # rows committed while the one before it waited for a lock.
+        if not conn.connection.driver_connection.autocommit:  # type: ignore[union-attr]
+            raise RuntimeError("commit_together needs a connection in autocommit")
+        got = _pipelined(conn, [_BEGIN, *statements, _COMMIT])
+        return None if got is None else got[1:-1]
 
     def notify(self, conn: Connection, channel: str) -> None:
         # pg_notify() takes the channel as a bound value (NOTIFY itself cannot), and is
@@ -99,3 +124,72 @@ class PostgreSQLAdapter(Adapter):
 
     def is_missing_table(self, exc: DBAPIError) -> bool:
         return sqlstate(exc) == "42P01"  # undefined_table
+
+
+_BEGIN: tuple[sa.Executable, Mapping[str, Any]] = (
+    sa.text("BEGIN ISOLATION LEVEL READ COMMITTED"),
+    {},
+)
+_COMMIT: tuple[sa.Executable, Mapping[str, Any]] = (sa.text("COMMIT"), {})
+
+
+def _pipelined(
+    conn: Connection, statements: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
+) -> list[list[Any]] | None:
+    """The statements sent in one psycopg pipeline; None if this connection cannot."""
+    driver: Any = conn.connection.driver_connection
+    # An async driver's pipeline is awaited: the greenlet-bridged core cannot enter it.
+    if conn.dialect.is_async or not pipeline_allowed(conn) or not _can_pipeline(driver):
+        return None
+    sent = [(_compiled(stmt, conn.dialect), params) for stmt, params in statements]
+    if any(compiled is None for compiled, _ in sent):
+        return None
+    cursors: list[Any] = []
+    try:
+        with driver.pipeline():
+            for compiled, params in sent:
+                cursors.append(driver.cursor())
+                cursors[-1].execute(compiled.string, compiled.construct_params(params))
+        return [_rows(cur) for cur in cursors]
+    except conn.dialect.loaded_dbapi.Error as exc:
+        # What SQLAlchemy does for its own statements: a DBAPIError (the retry loop
+        # and error mapping expect one), and a dead connection is not pooled again.
+        gone = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)
+        if gone:
+            conn.invalidate(exc)
+        sql = ";\n".join(compiled.string for compiled, _ in sent)  # one of them failed
+        raise sa.exc.DBAPIError.instance(
+            sql, None, exc, conn.dialect.loaded_dbapi.Error, connection_invalidated=gone
+        ) from exc
+    finally:
+        for cur in cursors:
+            cur.close()
+
+
+def _can_pipeline(driver: Any) -> bool:
+    """psycopg 3 on libpq >= 14 has a pipeline mode; psycopg2 and others have none."""
+    if getattr(type(driver), "pipeline", None) is None:
+        return False
+    package = sys.modules.get(type(driver).__module__.partition(".")[0])
+    pipeline = getattr(package, "Pipeline", None)
+    return pipeline is not None and bool(pipeline.is_supported())
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(stmt: sa.Executable, dialect: sa.Dialect) -> Any:
+    """The statement compiled for sending without SQLAlchemy's execution, or None when it
+    binds a value through a bind processor (the raw value would reach the server)."""
+    compiled = stmt.compile(dialect=dialect)  # type: ignore[attr-defined]  # a ClauseElement
+    return None if compiled._bind_processors else compiled  # no public accessor
+
+
+def _rows(cur: Any) -> list[Any]:
+    if cur.description is None:
+        return []
+    row = _row_type(tuple(col.name for col in cur.description))
+    return [row(*r) for r in cur.fetchall()]
+
+
+@functools.lru_cache(maxsize=256)
+def _row_type(names: tuple[str, ...]) -> Any:
+    return collections.namedtuple("Row", names, rename=True)

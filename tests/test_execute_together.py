@@ -1,0 +1,127 @@
+"""Adapter.execute_together and commit_together: statements sent together, run in order.
+
+PostgreSQL sends them in one psycopg pipeline; the other adapters run them one after
+another. Either way the results must be those of running them one by one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import readyq
+from readyq.schema import jobs
+
+pytestmark = pytest.mark.backend
+
+c = jobs.c
+SET_PRIORITY = sa.update(jobs).where(c.id == sa.bindparam("job")).values(priority=sa.bindparam("p"))
+READ_PRIORITY = sa.select(c.id, c.priority).where(c.id == sa.bindparam("job"))
+MISSING_TABLE = sa.text("SELECT x FROM readyq_no_such_table")
+
+
+def priority(q: readyq.Queue, job: int) -> int:
+    with q.engine.connect() as conn:
+        return int(conn.execute(READ_PRIORITY, {"job": job}).one().priority)
+
+
+def autocommit(q: readyq.Queue) -> Any:
+    return q.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+
+def test_each_statement_sees_the_writes_of_the_one_before(queue: readyq.Queue) -> None:
+    """Run in order: the select reads the priority the update just wrote."""
+    job = queue.enqueue("t")
+    with queue.engine.connect() as conn, conn.begin():
+        _, (row,) = queue.adapter.execute_together(
+            conn, [(SET_PRIORITY, {"job": job, "p": 7}), (READ_PRIORITY, {"job": job})]
+        )
+    assert (row.id, row[1]) == (job, 7)
+
+
+def test_a_statement_without_rows_gives_an_empty_list(queue: readyq.Queue) -> None:
+    """An UPDATE without RETURNING has no rows: its slot is an empty list."""
+    job = queue.enqueue("t")
+    with queue.engine.connect() as conn, conn.begin():
+        got = queue.adapter.execute_together(
+            conn, [(SET_PRIORITY, {"job": job, "p": 1}), (READ_PRIORITY, {"job": job})]
+        )
+    assert got[0] == []
+
+
+def test_a_failing_statement_raises_a_dbapi_error_and_its_transaction_rolls_back(
+    queue: readyq.Queue,
+) -> None:
+    """The error is SQLAlchemy's (readyq's retry loop reads it); nothing is committed."""
+    job = queue.enqueue("t")
+    with pytest.raises(sa.exc.DBAPIError), queue.engine.connect() as conn, conn.begin():
+        queue.adapter.execute_together(
+            conn, [(SET_PRIORITY, {"job": job, "p": 9}), (MISSING_TABLE, {})]
+        )
+    assert priority(queue, job) == 0
+
+
+def test_the_connection_is_usable_after_a_failed_batch(queue: readyq.Queue) -> None:
+    """The next transaction on the pooled connection works (the pipeline was left)."""
+    job = queue.enqueue("t")
+    with pytest.raises(sa.exc.DBAPIError), queue.engine.connect() as conn, conn.begin():
+        queue.adapter.execute_together(conn, [(MISSING_TABLE, {}), (READ_PRIORITY, {"job": job})])
+    with queue.engine.connect() as conn, conn.begin():
+        (_, (row,)) = queue.adapter.execute_together(
+            conn, [(SET_PRIORITY, {"job": job, "p": 3}), (READ_PRIORITY, {"job": job})]
+        )
+    assert row.priority == 3
+
+
+def needs_commit_together(q: readyq.Queue) -> None:
+    if not q.adapter.commit_together_capable:
+        pytest.skip("needs capability commit_together_capable")
+
+
+def test_commit_together_commits_by_itself(queue: readyq.Queue) -> None:
+    """On an autocommit connection the statements are one transaction, committed."""
+    needs_commit_together(queue)
+    job = queue.enqueue("t")
+    with autocommit(queue) as conn:
+        got = queue.adapter.commit_together(conn, [(SET_PRIORITY, {"job": job, "p": 5})])
+    assert (got, priority(queue, job)) == ([[]], 5)
+
+
+def test_commit_together_is_all_or_nothing(queue: readyq.Queue) -> None:
+    """A later statement failing undoes the earlier ones: one transaction, not several."""
+    needs_commit_together(queue)
+    job = queue.enqueue("t")
+    with pytest.raises(sa.exc.DBAPIError), autocommit(queue) as conn, conn.begin():
+        queue.adapter.commit_together(
+            conn, [(SET_PRIORITY, {"job": job, "p": 9}), (MISSING_TABLE, {})]
+        )
+    assert priority(queue, job) == 0
+
+
+def test_commit_together_runs_at_read_committed_whatever_the_server_default(
+    backend: Any, queue: readyq.Queue
+) -> None:
+    """At REPEATABLE READ a statement would not see rows committed while the lock before
+    it waited: the transaction says its level instead of taking the session default."""
+    needs_commit_together(queue)
+    engine = backend.engine(
+        connect_args={"options": "-c default_transaction_isolation=repeatable\\ read"}
+    )
+    with readyq.Queue(engine) as q:
+        level = sa.text("SELECT current_setting('transaction_isolation') AS level")
+        with autocommit(q) as conn:
+            assert conn.execute(level).scalar() == "repeatable read"  # the session default
+            got = q.adapter.commit_together(conn, [(level, {}), (level, {})])
+    assert got is not None
+    assert [rows[0].level for rows in got] == ["read committed", "read committed"]
+
+
+def test_commit_together_refuses_a_connection_in_a_transaction(queue: readyq.Queue) -> None:
+    """Its BEGIN and COMMIT would end the caller's transaction early."""
+    needs_commit_together(queue)
+    with queue.engine.connect() as conn, conn.begin():
+        conn.execute(READ_PRIORITY, {"job": 0})
+        with pytest.raises(RuntimeError, match="autocommit"):
+            queue.adapter.commit_together(conn, [(READ_PRIORITY, {"job": 0})])
