@@ -84,7 +84,7 @@ def driver_round_trips(backend: str) -> Iterator[dict[str, int]]:
     isolation level SET + COMMIT on each checkout and the ROLLBACK of the pool's reset
     (PyMySQL), and statements readyq sends in a psycopg pipeline. On PostgreSQL this
     counts every wait for the server: a statement, a command (BEGIN, COMMIT) and a
-    pipeline's sync (which carries all of its statements); PyMySQL: every request.
+    pipeline (which carries all of its statements); PyMySQL: every request.
     SQLite has no server (empty).
     """
     got: dict[str, int] = {}
@@ -105,12 +105,9 @@ def driver_round_trips(backend: str) -> Iterator[dict[str, int]]:
         spies.append(
             (importlib.import_module("psycopg._cursor_base"), "execute", lambda *a: "statement")
         )
+        # A pipeline sends as it goes and waits for the server once, when it ends.
         spies.append(
-            (
-                importlib.import_module("psycopg._pipeline_base"),
-                "pipeline_communicate",
-                lambda *a: "pipeline sync",
-            )
+            (importlib.import_module("psycopg").Connection, "pipeline", lambda *a: "pipeline")
         )
         # Statements sent in a pipeline pass no SQLAlchemy event: counted here, apart.
         spies.append(
