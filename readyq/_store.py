@@ -382,7 +382,7 @@ def _finalize_and_promote(n: int, unless_boxed: bool = False) -> sa.Select[Any]:
     if unless_boxed:  # a container's roll-up takes more statements: see finalize_at_once
         update = update.where(_none_boxed(n))
     fin = update.returning(c.id).cte("fin")
-    promo = promote_from(sa.select(fin.c.id)).returning(c.id).cte("promo")
+    promo = promote_from(n, sa.select(fin.c.id)).returning(c.id).cte("promo")
     return sa.select(
         sa.select(sa.func.count()).select_from(fin).scalar_subquery(),
         sa.select(sa.func.count()).select_from(promo).scalar_subquery(),
