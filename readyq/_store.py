@@ -184,9 +184,9 @@ def claim(
     groups: Sequence[str] | None,
 ) -> list[Lease]:
     """READY -> RUNNING for up to ``limit`` jobs, in ranked group order when given."""
-    params: dict[str, Any] = {"now": now, "owner": worker_id, "expires": now + ttl_us}
+    params = _claim_params(worker_id, now, ttl_us, limit)
     if groups is None and ad.claim_in_one_statement:
-        rows = list(conn.execute(_claim_one_statement(ad, _guard), {**params, "n": limit}))
+        rows = list(conn.execute(_claim_one_statement(ad, _guard), params))
         return _claimed(rows, worker_id, now + ttl_us)
     if groups is None:
         ids = list(conn.execute(_claim_select(ad, False), {"now": now, "n": limit}).scalars())
@@ -204,6 +204,11 @@ def claim(
     order = {job_id: i for i, job_id in enumerate(ids)}
     rows.sort(key=lambda r: order[r.id])
     return _leases(rows, worker_id, now + ttl_us)
+
+
+def _claim_params(worker_id: str, now: int, ttl_us: int, limit: int) -> dict[str, Any]:
+    """The claim statements' bind values."""
+    return {"now": now, "owner": worker_id, "expires": now + ttl_us, "n": limit}
 
 
 def _claimed(rows: list[Any], worker_id: str, expires_us: int) -> list[Lease]:
@@ -492,12 +497,12 @@ def finalize_and_claim(
     The claim sees what the finalize promoted. Where both are self-guarding single
     statements, they leave together with the finalize's lock (one round trip).
     """
-    claim_args: dict[str, Any] = {"worker_id": worker_id, "now": now, "ttl_us": ttl_us}
     if not (items and ad.update_in_cte and groups is None and ad.claim_in_one_statement):
         out = finalize_many(conn, ad, items, now=now) if items else []
-        leases = claim(conn, ad, **claim_args, limit=limit, groups=groups) if groups != [] else []
-        return out, leases
-    params = {"now": now, "owner": worker_id, "expires": now + ttl_us, "n": limit}
+        return out, claim(
+            conn, ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
+        )
+    params = _claim_params(worker_id, now, ttl_us, limit)
     *done, got = ad.execute_together(
         conn, [*_settle_sent(ad, items, now), (_claim_one_statement(ad, _guard), params)]
     )
@@ -509,10 +514,11 @@ def commits_at_once(
     ad: Adapter, engine: sa.Engine, *, claims: bool, groups: Sequence[str] | None
 ) -> bool:
     """Whether :func:`finalize_at_once` may do this finalize (and claim)."""
-    if not (ad.commit_together_capable and ad.update_in_cte):
-        return False
-    return pipeline_allowed(engine) and (
-        not claims or (groups is None and ad.claim_in_one_statement)
+    return (
+        ad.commit_together_capable
+        and ad.update_in_cte
+        and pipeline_allowed(engine)
+        and (not claims or (groups is None and ad.claim_in_one_statement))
     )
 
 
@@ -534,8 +540,7 @@ def finalize_at_once(
     """
     sent = _settle_sent(ad, items, now, unless_boxed=True)
     if claim is not None:
-        worker_id, ttl_us, limit = claim
-        params = {"now": now, "owner": worker_id, "expires": now + ttl_us, "n": limit}
+        params = _claim_params(claim[0], now, claim[1], claim[2])
         params.update(id_values("id", [lease.job_id for lease, _ in items]))
         sent.append((_claim_one_statement(ad, _guard, len(items)), params))
     results = ad.commit_together(conn, sent)
