@@ -106,7 +106,19 @@ class Actor:
             )
             return "lost", exc
         except Crashed:
-            log(ctx.name, "fail", f, ctx.now_us, job=job, token=token, error="crashed")
+            if ctx.committed:  # a crash after a pipelined COMMIT (at the NOTIFY that follows)
+                log(
+                    ctx.name,
+                    "info",
+                    f,
+                    ctx.now_us,
+                    job=job,
+                    token=token,
+                    error="crashed",
+                    commit_step=ctx.commit_step,
+                )
+            else:
+                log(ctx.name, "fail", f, ctx.now_us, job=job, token=token, error="crashed")
             raise
         except Exception as exc:
             maybe = ctx.commit_step is not None and not uncommitted_on_error

@@ -8,6 +8,10 @@ receives one deterministic, serial statement stream. Between statements, virtual
 only when the scheduler moves it: by ``step_us`` per step, or, when every actor waits on
 virtual time, straight to the earliest wake-up.
 
+Statements readyq sends together in one PostgreSQL pipeline pass no cursor event; readyq's
+pipeline observer (:class:`_Pipelines`) schedules, records and faults such a group as one
+step.
+
 A statement that would wait on a lock held by a parked actor would hang the driver, so the
 sim's engines fail lock waits at once (SQLite ``timeout=0``, PostgreSQL ``lock_timeout``,
 MariaDB ``innodb_lock_wait_timeout = 0``, MySQL 1 s); a wall-clock watchdog stops the run if a
@@ -28,7 +32,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
 from typing import Any
@@ -132,6 +136,10 @@ class ActorCtx:
         self.hang_killed = False
         self.stmt_count = 0
         self.commit_step: int | None = None
+        #: The current transaction's COMMIT was sent in a pipeline (PostgreSQL).
+        self.committed_in_pipeline = False
+        #: The current operation's pipelined COMMIT succeeded (a later crash cannot undo it).
+        self.committed = False
         self.last_statement = ""
         self.engines: list[Engine] = []
         self.thread = threading.Thread(target=self._main, name=f"sim-{name}", daemon=True)
@@ -159,6 +167,7 @@ class ActorCtx:
         """Call before each readyq operation: resets the statement counter and commit mark."""
         self.stmt_count = 0
         self.commit_step = None
+        self.committed = False
         self.hang_killed = False
 
     def engine(self) -> Engine:
@@ -239,9 +248,14 @@ class ActorCtx:
 
     def _begin(self, conn: Connection) -> None:
         self.txn_killed = False
+        self.committed_in_pipeline = False
 
     def _commit(self, conn: Connection) -> None:
         if self.crashed:
+            return
+        if self.committed_in_pipeline:
+            # The COMMIT went in the pipeline (see _Pipelines): this one sends nothing.
+            self.committed_in_pipeline = False
             return
         self.last_statement = "COMMIT"
         if self.slow_commit_s is not None:
@@ -366,12 +380,7 @@ class Driver:
         def _error(exc_ctx: Any) -> None:
             if ctx.crashed or isinstance(exc_ctx.original_exception, Crashed):
                 return
-            err = type(exc_ctx.original_exception).__name__
-            text = str(exc_ctx.original_exception).lower()
-            if "lock" in text and ("timeout" in text or "locked" in text or "wait" in text):
-                self.blocked[_kind_of(exc_ctx.statement)] += 1
-            self.errors[err] += 1
-            self.record(ctx.name, exc_ctx.statement or "", f"{_params(exc_ctx.parameters)}|!{err}")
+            self.failed(ctx, exc_ctx.statement, exc_ctx.parameters, exc_ctx.original_exception)
 
         if kind == "mysql":
 
@@ -386,9 +395,18 @@ class Driver:
         event.listen(eng, "begin", ctx._begin)
         event.listen(eng, "commit", ctx._commit)
         event.listen(eng, "rollback", ctx._rollback)
-        # Statements sent in a PostgreSQL pipeline pass no cursor event: the interleaver
-        # could neither see nor schedule them, so every statement goes one by one here.
-        return eng.execution_options(readyq_pipeline=False)
+        # Statements sent in a PostgreSQL pipeline pass no cursor event: these hooks
+        # schedule, record and fault a pipeline as one step instead.
+        return eng.execution_options(readyq_pipeline_observer=_Pipelines(ctx))
+
+    def failed(self, ctx: ActorCtx, statement: str | None, params: Any, exc: BaseException) -> None:
+        """Count and record a statement's error (a lock wait that failed counts as blocked)."""
+        err = type(exc).__name__
+        text = str(exc).lower()
+        if "lock" in text and ("timeout" in text or "locked" in text or "wait" in text):
+            self.blocked[_kind_of(statement)] += 1
+        self.errors[err] += 1
+        self.record(ctx.name, statement or "", f"{_params(params)}|!{err}")
 
     def kill(self, ctx: ActorCtx, conn: Connection) -> None:
         """End ``ctx``'s database session as a crash would (from an admin connection)."""
@@ -517,6 +535,59 @@ class Driver:
 
     def close(self) -> None:
         self.admin.dispose()
+
+
+class _Pipelines:
+    """readyq's pipeline observer for one actor: a pipeline is one scheduling step.
+
+    Its statements leave together and the actor keeps the baton until the results are
+    back, so the database runs them with no other actor's statement in between (a lock
+    wait on a parked actor fails, as any statement's does). A pipeline that ends in COMMIT
+    is a whole transaction: the COMMIT faults strike before it is sent, where the client
+    can still stall or lose its session; and it cannot hang halfway (no client step is
+    left inside it), so an armed ``hang_in_txn`` goes unused.
+    """
+
+    def __init__(self, ctx: ActorCtx) -> None:
+        self.ctx = ctx
+
+    def before(
+        self, conn: Connection, statements: Sequence[str], params: Sequence[Mapping[str, Any]]
+    ) -> None:
+        ctx = self.ctx
+        if ctx.crashed:
+            return
+        commits = statements[-1].strip().upper() == "COMMIT"
+        if commits and ctx.slow_commit_s is not None:
+            held, ctx.slow_commit_s = ctx.slow_commit_s, None
+            ctx.driver.record(ctx.name, "SLOW", f"pipeline held {held:g}s")
+            ctx.sleep(held)  # unlike a held COMMIT, no lock is held yet
+        ctx._before(conn, ";\n".join(statements), list(params))  # may crash: nothing sent
+        if not commits:
+            return
+        if ctx.drop_at_commit:
+            ctx.drop_at_commit = False
+            if not ctx.txn_killed:
+                ctx.driver.kill(ctx, conn)  # the pipeline meets a dead session: no commit
+            ctx.driver.record(ctx.name, "DROP", "before pipelined commit")
+            return
+        ctx.commit_step = ctx.driver.step  # stress mode: just before the COMMIT is sent
+        ctx.committed_in_pipeline = True
+
+    def after(self, conn: Connection, statements: Sequence[str], rowcounts: list[int]) -> None:
+        ctx = self.ctx
+        if ctx.crashed:
+            return
+        sql = ";\n".join(statements)
+        ctx.driver.record(ctx.name, sql, f"{rowcounts}")
+        if ctx.committed_in_pipeline:
+            ctx.committed = True
+        else:
+            ctx._after(conn, sql)  # its transaction is still open: it may hang here
+
+    def failed(self, conn: Connection, statements: Sequence[str], exc: BaseException) -> None:
+        if not self.ctx.crashed:
+            self.ctx.driver.failed(self.ctx, ";\n".join(statements), None, exc)
 
 
 def _params(params: Any) -> str:

@@ -145,11 +145,18 @@ def unfenced_finalize(monkeypatch: Any) -> Hooks:
             lease = dataclasses.replace(lease, token=current.lease_token)
         return lease
 
+    real_at_once = _store.finalize_at_once
+
     def finalize_many(conn: Connection, ad: Any, items: Any, *, now: int) -> Any:
         return real(conn, ad, [(adopt(conn, lease), r) for lease, r in items], now=now)
 
-    # Queue.finalize reaches the rows through finalize_many (the sim sends no pipeline).
+    def finalize_at_once(conn: Connection, ad: Any, items: Any, **kw: Any) -> Any:
+        return real_at_once(conn, ad, [(adopt(conn, lease), r) for lease, r in items], **kw)
+
+    # Queue.finalize reaches the rows through one of these (the second: PostgreSQL's
+    # pipeline, which the simulator schedules as one step).
     monkeypatch.setattr(_store, "finalize_many", finalize_many)
+    monkeypatch.setattr(_store, "finalize_at_once", finalize_at_once)
     return Hooks()
 
 

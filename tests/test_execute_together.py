@@ -125,3 +125,59 @@ def test_commit_together_refuses_a_connection_in_a_transaction(queue: readyq.Que
         conn.execute(READ_PRIORITY, {"job": 0})
         with pytest.raises(RuntimeError, match="autocommit"):
             queue.adapter.commit_together(conn, [(READ_PRIORITY, {"job": 0})])
+
+
+class Recorder:
+    """A pipeline observer that writes down what it is told (and can refuse to go on)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.seen: list[tuple[str, Any]] = []
+
+    def before(self, conn: Any, statements: Any, params: Any) -> None:
+        self.seen.append(("before", [dict(p) for p in params]))
+        if self.refuse:
+            raise LookupError("refused")
+
+    def after(self, conn: Any, statements: Any, rowcounts: list[int]) -> None:
+        self.seen.append(("after", rowcounts))
+
+    def failed(self, conn: Any, statements: Any, exc: BaseException) -> None:
+        self.seen.append(("failed", type(exc).__name__))
+
+
+def observed(q: readyq.Queue, observer: Recorder) -> Any:
+    return autocommit(q).execution_options(readyq_pipeline_observer=observer)
+
+
+def test_a_pipeline_observer_sees_the_bound_values_then_the_row_counts(
+    queue: readyq.Queue,
+) -> None:
+    """Statements in a pipeline pass no SQLAlchemy cursor event: the observer sees them."""
+    needs_commit_together(queue)
+    job = queue.enqueue("t")
+    rec = Recorder()
+    with observed(queue, rec) as conn:
+        queue.adapter.commit_together(conn, [(SET_PRIORITY, {"job": job, "p": 4})])
+    assert rec.seen == [("before", [{}, {"job": job, "p": 4}, {}]), ("after", [-1, 1, -1])]
+
+
+def test_an_observer_raising_before_a_pipeline_keeps_it_from_being_sent(
+    queue: readyq.Queue,
+) -> None:
+    """Its exception passes unchanged and nothing reaches the database."""
+    needs_commit_together(queue)
+    job = queue.enqueue("t")
+    with pytest.raises(LookupError), observed(queue, Recorder(refuse=True)) as conn:
+        queue.adapter.commit_together(conn, [(SET_PRIORITY, {"job": job, "p": 4})])
+    assert priority(queue, job) == 0
+
+
+def test_a_pipeline_observer_hears_of_a_failed_pipeline(queue: readyq.Queue) -> None:
+    """``failed`` instead of ``after``, with the driver's error."""
+    needs_commit_together(queue)
+    rec = Recorder()
+    with pytest.raises(sa.exc.DBAPIError), observed(queue, rec) as conn:
+        queue.adapter.commit_together(conn, [(MISSING_TABLE, {})])
+    assert [kind for kind, _ in rec.seen] == ["before", "failed"]
+    assert rec.seen[1][1] == "UndefinedTable"

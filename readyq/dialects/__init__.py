@@ -12,12 +12,19 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from ..errors import UnsupportedDatabase
-from ._base import Adapter
+from ._base import Adapter, PipelineObserver
 from .mysql import MariaDBAdapter, MySQLAdapter
 from .postgresql import PostgreSQLAdapter
 from .sqlite import SQLiteAdapter
 
-__all__ = ["Adapter", "adapter_class", "create_engine", "for_engine", "register"]
+__all__ = [
+    "Adapter",
+    "PipelineObserver",
+    "adapter_class",
+    "create_engine",
+    "for_engine",
+    "register",
+]
 
 _REGISTRY: dict[str, type[Adapter]] = {}
 

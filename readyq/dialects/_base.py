@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..errors import UnsupportedDatabase
 
-__all__ = ["Adapter"]
+__all__ = ["Adapter", "PipelineObserver"]
 
 
 class Adapter:
@@ -183,9 +183,32 @@ class Adapter:
 
 def pipeline_allowed(conn: Connection | Engine) -> bool:
     """False where the engine says ``execution_options(readyq_pipeline=False)``: every
-    statement then passes SQLAlchemy's cursor events (tracing; readyq's simulator, which
-    interleaves actors statement by statement)."""
+    statement then passes SQLAlchemy's cursor events (tracing hooked there)."""
     return bool(conn.get_execution_options().get("readyq_pipeline", True))
+
+
+class PipelineObserver(Protocol):
+    """Sees each group of statements an adapter sends at once (a PostgreSQL pipeline),
+    which passes no SQLAlchemy cursor event. Set it with
+    ``engine.execution_options(readyq_pipeline_observer=observer)``.
+
+    ``before`` runs before anything is sent (an exception there sends nothing); then
+    exactly one of ``after`` (with each statement's row count) or ``failed``.
+    """
+
+    def before(
+        self, conn: Connection, statements: Sequence[str], params: Sequence[Mapping[str, Any]]
+    ) -> None: ...
+
+    def after(self, conn: Connection, statements: Sequence[str], rowcounts: list[int]) -> None: ...
+
+    def failed(self, conn: Connection, statements: Sequence[str], exc: BaseException) -> None: ...
+
+
+def pipeline_observer(conn: Connection) -> PipelineObserver | None:
+    """The ``readyq_pipeline_observer`` execution option, if set."""
+    observer: PipelineObserver | None = conn.get_execution_options().get("readyq_pipeline_observer")
+    return observer
 
 
 def _dotted(version: tuple[int, ...]) -> str:

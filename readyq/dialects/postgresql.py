@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from ..errors import UnsupportedDatabase
-from ._base import Adapter, pipeline_allowed, sqlstate
+from ._base import Adapter, pipeline_allowed, pipeline_observer, sqlstate
 
 __all__ = ["PostgreSQLAdapter"]
 
@@ -144,26 +144,40 @@ def _pipelined(
     sent = [(_compiled(stmt, conn.dialect), params) for stmt, params in statements]
     if any(compiled is None for compiled, _ in sent):
         return None
+    texts = [compiled.string for compiled, _ in sent]
+    values = [compiled.construct_params(params) for compiled, params in sent]
+    observer = pipeline_observer(conn)
+    if observer is not None:
+        observer.before(conn, texts, values)
     cursors: list[Any] = []
     try:
         with driver.pipeline():
-            for compiled, params in sent:
+            for text, value in zip(texts, values, strict=True):
                 cursors.append(driver.cursor())
-                cursors[-1].execute(compiled.string, compiled.construct_params(params))
-        return [_rows(cur) for cur in cursors]
+                cursors[-1].execute(text, value)
+        rows = [_rows(cur) for cur in cursors]
+        counts = [cur.rowcount for cur in cursors]
     except conn.dialect.loaded_dbapi.Error as exc:
         # What SQLAlchemy does for its own statements: a DBAPIError (the retry loop
         # and error mapping expect one), and a dead connection is not pooled again.
         gone = conn.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None)
         if gone:
             conn.invalidate(exc)
-        sql = ";\n".join(compiled.string for compiled, _ in sent)  # one of them failed
+        if observer is not None:
+            observer.failed(conn, texts, exc)
         raise sa.exc.DBAPIError.instance(
-            sql, None, exc, conn.dialect.loaded_dbapi.Error, connection_invalidated=gone
+            ";\n".join(texts),
+            None,
+            exc,
+            conn.dialect.loaded_dbapi.Error,
+            connection_invalidated=gone,
         ) from exc
     finally:
         for cur in cursors:
             cur.close()
+    if observer is not None:
+        observer.after(conn, texts, counts)
+    return rows
 
 
 def _can_pipeline(driver: Any) -> bool:
