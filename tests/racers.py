@@ -5,13 +5,16 @@ from __future__ import annotations
 import readyq
 
 
-def drain(url: str, worker: str, limit: int) -> list[tuple[str, int, int, str]]:
-    """Claim and finalize until the queue is empty; returns (event, job, token, worker)."""
+def drain(
+    url: str, worker: str, limit: int, groups: list[str] | None = None
+) -> list[tuple[str, int, int, str]]:
+    """Claim (by ranked ``groups``, if given) and finalize until the queue is empty;
+    returns (event, job, token, worker)."""
     events: list[tuple[str, int, int, str]] = []
     with readyq.Queue(url) as q:
         idle = 0
         while idle < 3:
-            leases = q.claim(worker, limit=limit, ttl=600)
+            leases = q.claim(worker, limit=limit, ttl=600, groups=groups)
             if not leases:
                 idle += 1
                 continue
@@ -23,7 +26,9 @@ def drain(url: str, worker: str, limit: int) -> list[tuple[str, int, int, str]]:
     return events
 
 
-def drain_fused(url: str, worker: str, limit: int) -> list[tuple[str, int, int, str]]:
+def drain_fused(
+    url: str, worker: str, limit: int, groups: list[str] | None = None
+) -> list[tuple[str, int, int, str]]:
     """Like :func:`drain`, each round's results committed with its next claim
     (``finalize_and_claim``)."""
     events: list[tuple[str, int, int, str]] = []
@@ -32,7 +37,11 @@ def drain_fused(url: str, worker: str, limit: int) -> list[tuple[str, int, int, 
         idle = 0
         while idle < 3:
             outcomes, nxt = q.finalize_and_claim(
-                [(lease, {"by": worker}) for lease in leases], worker, limit=limit, ttl=600
+                [(lease, {"by": worker}) for lease in leases],
+                worker,
+                limit=limit,
+                ttl=600,
+                groups=groups,
             )
             events += [("finalize", o.job_id, o.token, worker) for o in outcomes]
             assert all(isinstance(o, readyq.Outcome) for o in outcomes), outcomes

@@ -56,6 +56,23 @@ def test_eight_threads_claim_disjoint_jobs(
     assert queue.counts()["done"] == JOBS
 
 
+@pytest.mark.parametrize("loop", [drain, drain_fused], ids=["finalize", "finalize_and_claim"])
+def test_eight_threads_claiming_by_ranked_groups_take_disjoint_jobs(
+    queue_url: str, queue: readyq.Queue, loop: Callable[..., list[Event]]
+) -> None:
+    """The grouped claim (a locked select per group) raced by 8 threads: each job runs
+    exactly once, and the groups' leftovers are claimed too."""
+    ids = fill(queue)
+    ranking = ["g2", "g0", "g2", "g1"]
+    with ThreadPoolExecutor(8) as pool:
+        results = pool.map(
+            loop, [queue_url] * 8, [f"t{i}" for i in range(8)], [4] * 8, [ranking] * 8
+        )
+        events = [e for r in results for e in r]
+    check_exactly_once(events, ids)
+    assert queue.counts()["done"] == JOBS
+
+
 def test_eight_processes_claim_disjoint_jobs(queue_url: str, queue: readyq.Queue) -> None:
     """8 processes (true parallelism, separate engines) drain the queue exactly once."""
     ids = fill(queue)
