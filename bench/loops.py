@@ -20,7 +20,7 @@ from readyq import dialects
 
 from .db import REF_ROWS, REF_TABLE
 
-__all__ = ["drain_loop", "reference_loop", "warm_imports", "worker_loop"]
+__all__ = ["drain_loop", "reference_loop", "warm_imports", "worker_loop", "worker_stages"]
 
 Result = dict[str, Any]
 
@@ -180,3 +180,42 @@ def worker_loop(url: str, worker_id: str, slots: int, poll: float, barrier: Barr
         return {"count": done[0], "first": window.get("first"), "last": window.get("last", 0.0)}
 
     return _guard(run)
+
+
+#: The Worker's tick stages :func:`worker_stages` times (readyq/worker.py's tick).
+STAGES = ("persist", "reclaim_due", "scan", "rank", "lease", "dispatch")
+
+
+def worker_stages(url: str, slots: int, poll: float) -> Result:
+    """One ``readyq.Worker`` draining the queue, each tick stage timed (wall seconds)."""
+    spent = dict.fromkeys(STAGES, 0.0)
+    calls = dict.fromkeys(STAGES, 0)
+    q = readyq.Queue(url)
+    try:
+        q.counts()
+        worker = readyq.Worker(
+            q,
+            {"noop": _noop},
+            worker_id="stages",
+            limits=[readyq.Concurrency(slots)],
+            poll_interval=poll,
+        )
+        for name in STAGES:
+            real = getattr(worker, name)
+
+            def timed(*args: Any, _real: Any = real, _name: str = name) -> Any:
+                t = time.perf_counter()
+                try:
+                    return _real(*args)
+                finally:
+                    spent[_name] += time.perf_counter() - t
+                    calls[_name] += 1
+
+            setattr(worker, name, timed)  # the instance's attribute: tick() calls it
+        t = time.perf_counter()
+        worker.run(until_idle=True)
+        wall = time.perf_counter() - t
+        done = q.counts()["done"]
+    finally:
+        q.close()
+    return {"wall_s": wall, "done": done, "ticks": calls["persist"], "stages_s": spent}

@@ -178,6 +178,19 @@ def _profile(result: dict[str, Any]) -> list[str]:
         )
         pk = ", ".join(f"{k} {100 * v:.0f}%" for k, v in prof["self_time_by_package"].items())
         out += ["", f"Self time by package: {pk}"]
+    worker = (prof or {}).get("worker")
+    if worker:
+        rows = [
+            [name, f"{st['ms_per_tick']:.2f}", f"{100 * st['share']:.0f}"]
+            for name, st in worker["stages"].items()
+        ]
+        out += _table(
+            f"Worker x1 ({worker['slots']} slots, {worker['groups']} groups, {worker['jobs']} "
+            f"jobs in {worker['ticks']} ticks, {worker['jobs_per_s']:.0f} jobs/s): wall time "
+            "per tick by stage",
+            ["stage", "ms/tick", "% of wall"],
+            rows,
+        )
     return out
 
 

@@ -600,7 +600,31 @@ class Bench:
             },
         }
         self.log(f"profile: {n} jobs in {wall:.2f} s under cProfile")
+        out["worker"] = self._worker_stages()
         return out
+
+    def _worker_stages(self) -> Stats:
+        """Where a ``readyq.Worker``'s time goes: each tick stage's wall time per tick."""
+        cfg = self.cfg
+        slots = max(cfg.limits)
+        self._prefill(cfg.profile_jobs, groups=cfg.fair_groups)
+        got = loops.worker_stages(self.url, slots, cfg.poll_interval)
+        if got["done"] != cfg.profile_jobs:
+            raise BenchError(f"Worker stages: {got['done']} of {cfg.profile_jobs} jobs done")
+        ticks = max(1, int(got["ticks"]))
+        stages = {
+            name: {"ms_per_tick": 1000 * s / ticks, "share": s / got["wall_s"]}
+            for name, s in got["stages_s"].items()
+        }
+        self.log(f"Worker stages: {cfg.profile_jobs} jobs in {ticks} ticks, {got['wall_s']:.2f} s")
+        return {
+            "jobs": cfg.profile_jobs,
+            "slots": slots,
+            "groups": cfg.fair_groups,
+            "ticks": ticks,
+            "jobs_per_s": cfg.profile_jobs / got["wall_s"],
+            "stages": stages,
+        }
 
 
 # -- DAG shape ------------------------------------------------------------------------

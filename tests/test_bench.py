@@ -146,3 +146,22 @@ def test_bench_drops_its_own_database(quick_result: dict[str, Any], backend: Any
             assert conn.execute(sa.text(sql), {"n": name}).scalar_one() == 0
     finally:
         engine.dispose()
+
+
+def test_profile_times_every_worker_stage(
+    backend: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``--profile`` adds the Worker's time per tick by stage (one backend is enough)."""
+    from readyq_bench.cli import main
+    from readyq_bench.loops import STAGES
+
+    if backend.name != "sqlite":
+        pytest.skip("one backend is enough for the profile's shape")
+    out = tmp_path_factory.mktemp("bench") / "profile.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["--quick", "--only", "reference", "--profile", "--json", str(out)]) == 0
+    worker = json.loads(out.read_text())["profile"]["worker"]
+    assert set(worker["stages"]) == set(STAGES)
+    assert worker["ticks"] >= worker["jobs"] / worker["slots"]
+    assert all(st["ms_per_tick"] >= 0 for st in worker["stages"].values())
+    assert worker["stages"]["lease"]["ms_per_tick"] > 0
