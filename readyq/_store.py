@@ -151,11 +151,20 @@ def _pick(conn: Connection, ad: Adapter, now: int, limit: int, groups: Sequence[
     picked: list[int] = []
     full: list[str] = []
     select = _claim_select(ad, True)
-    for g, asked in wanted.items():
+    found: list[list[Any]] | None = None
+    if sum(wanted.values()) <= limit:
+        # Then no group's LIMIT depends on what the groups before it found, so the
+        # selects go together: one round trip on PostgreSQL instead of one per group.
+        sent = [(select, {"now": now, "n": asked, "group": g}) for g, asked in wanted.items()]
+        found = ad.execute_together(conn, sent)
+    for i, (g, asked) in enumerate(wanted.items()):
         n = min(asked, limit - len(picked))
         if n <= 0:
             break
-        got = list(conn.execute(select, {"now": now, "n": n, "group": g}).scalars())
+        if found is None:
+            got = list(conn.execute(select, {"now": now, "n": n, "group": g}).scalars())
+        else:
+            got = [r.id for r in found[i]]
         picked += got
         if len(got) == n:
             full.append(g)

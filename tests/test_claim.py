@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -201,3 +202,36 @@ class TestClaimTransaction:
         """A claim by groups takes several statements, so it is one transaction."""
         seen = self._autocommit_per_phase(q, ["default"])
         assert seen["claim"] == {False}
+
+
+class _Pipelines:
+    """A pipeline observer keeping the statements of each pipeline sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[str]] = []
+
+    def before(self, conn: Any, statements: Any, params: Any) -> None:
+        self.sent.append(list(statements))
+
+    def after(self, conn: Any, statements: Any, rowcounts: Any) -> None:
+        pass
+
+    def failed(self, conn: Any, statements: Any, exc: BaseException) -> None:
+        pass
+
+
+def test_grouped_claim_sends_its_group_selects_together_where_the_adapter_can(
+    queue: readyq.Queue,
+) -> None:
+    """Shares that fit the limit do not depend on each other: the locked selects leave in
+    one round trip (PostgreSQL's pipeline) instead of one per group."""
+    if not queue.adapter.commit_together_capable:
+        pytest.skip("needs a pipeline (capability commit_together_capable)")
+    for g in ("a", "b", "c"):
+        queue.enqueue("t", group=g)
+    seen = _Pipelines()
+    with readyq.Queue(queue.engine.execution_options(readyq_pipeline_observer=seen)) as q:
+        got = q.claim("w", limit=3, groups=["c", "a", "b"])
+    assert [lease.group for lease in got] == ["c", "a", "b"]
+    assert [len(p) for p in seen.sent] == [3]
+    assert all("SKIP LOCKED" in s for s in seen.sent[0])
