@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import readyq
 from readyq import InvalidJob, JobState
+
+try:
+    from tests.observers import Recorder
+except ImportError:  # pragma: no cover - tests/ on sys.path instead
+    from observers import Recorder  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.backend
 
@@ -204,22 +208,6 @@ class TestClaimTransaction:
         assert seen["claim"] == {False}
 
 
-class _Pipelines:
-    """A pipeline observer keeping the statements of each pipeline sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[list[str]] = []
-
-    def before(self, conn: Any, statements: Any, params: Any) -> None:
-        self.sent.append(list(statements))
-
-    def after(self, conn: Any, statements: Any, rowcounts: Any) -> None:
-        pass
-
-    def failed(self, conn: Any, statements: Any, exc: BaseException) -> None:
-        pass
-
-
 def test_grouped_claim_sends_its_group_selects_together_where_the_adapter_can(
     queue: readyq.Queue,
 ) -> None:
@@ -229,9 +217,9 @@ def test_grouped_claim_sends_its_group_selects_together_where_the_adapter_can(
         pytest.skip("needs a pipeline (capability commit_together_capable)")
     for g in ("a", "b", "c"):
         queue.enqueue("t", group=g)
-    seen = _Pipelines()
+    seen = Recorder()
     with readyq.Queue(queue.engine.execution_options(readyq_pipeline_observer=seen)) as q:
         got = q.claim("w", limit=3, groups=["c", "a", "b"])
     assert [lease.group for lease in got] == ["c", "a", "b"]
-    assert [len(p) for p in seen.sent] == [3]
-    assert all("SKIP LOCKED" in s for s in seen.sent[0])
+    assert [len(p) for p in seen.statements] == [3]
+    assert all("SKIP LOCKED" in s for s in seen.statements[0])

@@ -14,6 +14,11 @@ import sqlalchemy as sa
 import readyq
 from readyq.schema import jobs
 
+try:
+    from tests.observers import Recorder
+except ImportError:  # pragma: no cover - tests/ on sys.path instead
+    from observers import Recorder  # type: ignore[no-redef]
+
 pytestmark = pytest.mark.backend
 
 c = jobs.c
@@ -125,25 +130,6 @@ def test_commit_together_refuses_a_connection_in_a_transaction(queue: readyq.Que
         conn.execute(READ_PRIORITY, {"job": 0})
         with pytest.raises(RuntimeError, match="autocommit"):
             queue.adapter.commit_together(conn, [(READ_PRIORITY, {"job": 0})])
-
-
-class Recorder:
-    """A pipeline observer that writes down what it is told (and can refuse to go on)."""
-
-    def __init__(self, refuse: bool = False) -> None:
-        self.refuse = refuse
-        self.seen: list[tuple[str, Any]] = []
-
-    def before(self, conn: Any, statements: Any, params: Any) -> None:
-        self.seen.append(("before", [dict(p) for p in params]))
-        if self.refuse:
-            raise LookupError("refused")
-
-    def after(self, conn: Any, statements: Any, rowcounts: list[int]) -> None:
-        self.seen.append(("after", rowcounts))
-
-    def failed(self, conn: Any, statements: Any, exc: BaseException) -> None:
-        self.seen.append(("failed", type(exc).__name__))
 
 
 def observed(q: readyq.Queue, observer: Recorder) -> Any:
