@@ -244,40 +244,6 @@ def _leases(rows: Iterable[Any], worker_id: str, expires_us: int) -> list[Lease]
     ]
 
 
-@dataclass(frozen=True)
-class GroupStats:
-    """One group in the ready set: jobs ready now, jobs running, and its weight."""
-
-    group: str
-    ready: int
-    running: int
-    weight: float
-
-
-def scan(conn: Connection, *, now: int) -> list[GroupStats]:
-    """Ready and running jobs per group (the ready set's shape, for fair share).
-
-    A group's weight is the largest weight among its ready and running jobs: independent
-    of row order, and a heavy job is never diluted by lighter ones of its group.
-    """
-    live = sa.or_(c.state == S.RUNNING, sa.and_(c.state == S.READY, c.run_after_us <= now))
-    rows = conn.execute(
-        sa.select(c.group_key, c.state, sa.func.count(), sa.func.max(c.weight))
-        .where(live)
-        .group_by(c.group_key, c.state)
-        .order_by(c.group_key, c.state)
-    ).all()
-    acc: dict[str, list[float]] = {}
-    for group, state, n, weight in rows:
-        ready, running, w = acc.setdefault(group, [0, 0, 0.0])
-        acc[group] = [
-            ready + (n if state == S.READY else 0),
-            running + (n if state == S.RUNNING else 0),
-            max(w, weight),
-        ]
-    return [GroupStats(g, int(r), int(n), w) for g, (r, n, w) in sorted(acc.items())]
-
-
 # -- lease holder's writes ------------------------------------------------------------
 
 

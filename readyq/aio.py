@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from . import _store, dialects
+from ._scan import GroupStats
 from .clock import Clock
 from .errors import InvalidJob, UnsupportedDatabase
 from .graph import DEFAULT_MAX_ATTEMPTS, Ref
@@ -133,8 +134,8 @@ class AsyncQueue:
     async def counts(self) -> dict[str, int]:
         return await self._run(self.sync.counts)
 
-    async def scan(self) -> list[_store.GroupStats]:
-        return await self._run(self.sync.scan)
+    async def scan(self, *, limit: int | None = None) -> list[GroupStats]:
+        return await self._run(self.sync.scan, limit=limit)
 
     async def cancel(self, job_id: int) -> bool:
         return await self._run(self.sync.cancel, job_id)

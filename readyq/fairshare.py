@@ -73,6 +73,19 @@ job from any superset of the released jobs meets every due time (an exchange arg
 a met due time means less than one slot behind. In 5 the rule depends only on the counters,
 so splitting dispatches into calls changes nothing.
 
+Capped ready counts
+-------------------
+Replacing every ``ready_i`` by ``min(ready_i, free)`` gives the same answer, so a scan may
+stop counting a group's ready jobs at ``free`` (the Worker's does: its tick then costs the
+same beside any backlog). Write ``theta_j`` and ``theta'_j`` for the levels of slot ``j``
+without and with the cap, and suppose slots ``1 .. j - 1`` agree. Both answers have
+``min(free, sum(ready_i))`` entries, and ``a_i < min(ready_i, free)`` iff ``a_i < ready_i``
+while ``a_i <= j - 1 < free``. Capping can only lower ``c_i``, so ``theta'_j >= theta_j``,
+and the two are equal unless some capped group has ``theta_j * w_i > u_i + free``. Such a
+group is eligible in both (start ``(u_i + a_i) / w_i < theta_j``), with finish
+``(u_i + a_i + 1) / w_i <= (u_i + free) / w_i < theta_j``. A group eligible only with the
+cap has start ``>= theta_j``, so a later finish: it never wins, and slot ``j`` agrees.
+
 Counters and groups that come and go
 ------------------------------------
 Bound 5 covers a stretch in which the same groups, with the same weights, stay backlogged.

@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from . import _dag, _store, dialects
+from . import _dag, _scan, _store, dialects
+from ._scan import GroupStats
 from .clock import Clock, SystemClock, from_us
 from .errors import InvalidJob, LeaseLost, SchemaNotInstalled, UnknownJob
 from .graph import DEFAULT_MAX_ATTEMPTS, Graph, Ref
@@ -291,7 +292,7 @@ class Queue:
                 .order_by(c.lease_owner)
             ).all()
             return {
-                "groups": [vars(g) for g in _store.scan(conn, now=now)],
+                "groups": [vars(g) for g in _scan.scan(conn, self.adapter, now=now)],
                 "oldest_ready": from_us(oldest),
                 "running_per_worker": {row[0]: row[1] for row in owners},
             }
@@ -299,9 +300,20 @@ class Queue:
         out = self._read(read)
         return {"counts": self.counts(), **out}
 
-    def scan(self) -> list[_store.GroupStats]:
-        """Per group: jobs ready now, jobs running (any worker), and the group's weight."""
-        return self._read(lambda conn, now: _store.scan(conn, now=now))
+    def scan(self, *, limit: int | None = None) -> list[GroupStats]:
+        """Per group: jobs ready now, jobs running (any worker), and the group's weight.
+
+        ``limit``: count at most that many ready jobs per group, and take the weight from
+        the running jobs and those (the group's first ``limit`` in claim order). It reads
+        about ``limit`` rows per group however long the backlog; with ``limit`` = the free
+        slots, :func:`~readyq.fair_share` ranks exactly as with full counts. Without it,
+        every ready row is counted.
+        """
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise InvalidJob(f"scan limit must be a positive int or None, not {limit!r}")
+        return self._read(lambda conn, now: _scan.scan(conn, self.adapter, now=now, limit=limit))
 
     # -- operator actions -------------------------------------------------------------
 

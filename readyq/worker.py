@@ -18,7 +18,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from . import _process, _store
+from . import _process
+from ._scan import GroupStats
 from .errors import InvalidJob, LeaseLost, ReadyqError
 from .fairshare import GroupDemand, fair_share
 from .handlers import Handler, Handlers, JobContext
@@ -187,11 +188,14 @@ class Worker:
         now = self._clock.monotonic()
         return max(0, min(limit.available(now) for limit in self.limits))
 
-    def scan(self) -> list[_store.GroupStats]:
-        """Stage 2: the ready set per group (skipped when no slot is free)."""
-        return self.queue.scan() if self.free_slots() > 0 else []
+    def scan(self) -> list[GroupStats]:
+        """Stage 2: the ready set per group, read up to the free slots (none when none)."""
+        free = self.free_slots()
+        # Counting past ``free`` cannot change the ranking (readyq.fairshare, "Capped
+        # ready counts"), and would make every tick cost O(backlog).
+        return self.queue.scan(limit=free) if free > 0 else []
 
-    def rank(self, stats: list[_store.GroupStats]) -> list[str]:
+    def rank(self, stats: list[GroupStats]) -> list[str]:
         """Stage 3: fair share of the free slots, counting slots groups already hold."""
         free = self.free_slots()
         if free <= 0 or not stats:

@@ -6,7 +6,8 @@ JSON)``, MariaDB ``ANALYZE FORMAT=JSON``), not by timing: exact, and the same on
 machine. Session 3 found a PostgreSQL plan that walked every ready row on every claim
 after statistics were taken while few jobs were ready; the third test keeps it found.
 The statement checked is the one that reads the ready set: the one-statement claim where
-the adapter has it, else the locked select (the UPDATE then goes by primary key).
+the adapter has it, else the locked select (the UPDATE then goes by primary key). The
+Worker's capped scan is held to the same standard: about ``LIMIT`` rows per group.
 SQLite reports no row counts, and MySQL 8's EXPLAIN ANALYZE is a text tree: not covered.
 """
 
@@ -20,7 +21,7 @@ import sqlalchemy as sa
 from readyq_bench.db import fill_jobs
 
 import readyq
-from readyq import _guards, _store
+from readyq import _guards, _scan, _store
 from readyq.schema import jobs
 
 pytestmark = pytest.mark.backend
@@ -151,6 +152,24 @@ def test_grouped_claim_select_reads_about_its_share_beside_other_groups(
     select = _store._claim_select(explained.adapter, True)
     params = {"now": explained.clock.now_us(), "n": LIMIT, "group": "mine"}
     assert _rows_read(explained, select, params) <= BOUND
+
+
+SCAN_GROUPS = 10
+
+
+def test_capped_scan_reads_about_limit_rows_per_group_beside_a_long_backlog(
+    explained: readyq.Queue,
+) -> None:
+    """A Worker's scan (groups found by skipping through the index, then each group's first
+    LIMIT ready rows) reads about LIMIT rows per group, not the backlog."""
+    for i in range(SCAN_GROUPS):
+        _ready(explained, FILLER // SCAN_GROUPS, group=f"g{i}")
+    _analyze(explained)
+    groups = _rows_read(explained, _scan._ready_groups(explained.adapter), {})
+    params: dict[str, Any] = {f"g{i}": f"g{i}" for i in range(SCAN_GROUPS)}
+    params.update(now=explained.clock.now_us(), cap=LIMIT)
+    windows = _rows_read(explained, _scan._capped(SCAN_GROUPS, True), params)
+    assert groups + windows <= SCAN_GROUPS * BOUND // 3, (groups, windows)
 
 
 def test_rows_read_counts_a_full_scan(explained: readyq.Queue) -> None:

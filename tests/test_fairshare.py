@@ -425,6 +425,17 @@ class TestDeterminism:
         shuffled = data.draw(st.permutations(groups))
         assert fair_share(shuffled, free) == fair_share(groups, free)
 
+    @settings(deadline=None, max_examples=500)
+    @given(groups=demands(max_count=20), free=FREE)
+    def test_ready_counts_capped_at_free_give_the_same_ranking(
+        self, groups: list[GroupDemand], free: int
+    ) -> None:
+        """A scan may stop counting a group's ready jobs at `free`: the ranking is the same."""
+        capped = [
+            GroupDemand(g.name, g.weight, g.running, min(g.ready, free), g.served) for g in groups
+        ]
+        assert fair_share(capped, free) == fair_share(groups, free)
+
     def test_a_tie_goes_to_the_heavier_group(self) -> None:
         """Equal virtual finish times (1/1 and 2/2): the heavier group gets the slot."""
         groups = [

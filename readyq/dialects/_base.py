@@ -167,6 +167,33 @@ class Adapter:
         """
         raise NotImplementedError
 
+    # -- reads ------------------------------------------------------------------------
+
+    def loose_distinct(
+        self, key: sa.Column[Any], equal: sa.Column[Any], value: str
+    ) -> sa.Select[Any]:
+        """The distinct values of ``key`` among rows where ``equal = value``, in order.
+
+        The table has an index on ``(equal, key, ...)``; the select must skip through it,
+        one probe per distinct value, rather than read every row that matches (a scan
+        over a backlog of 100,000 ready jobs finds 10 groups). Default: a recursive CTE
+        that asks for the next larger key, for servers that plan ``min()`` over a
+        correlated range as one index probe (PostgreSQL, SQLite).
+        """
+        inner = key.table.alias("nxt")
+        first = (
+            sa.select(sa.func.min(key).label("k"))
+            .where(equal == value)
+            .cte("loose", recursive=True)
+        )
+        step = sa.select(
+            sa.select(sa.func.min(inner.c[key.name]))
+            .where(inner.c[equal.name] == value, inner.c[key.name] > first.c.k)
+            .scalar_subquery()
+        ).where(first.c.k.is_not(None))
+        walk = first.union_all(step)
+        return sa.select(walk.c.k).where(walk.c.k.is_not(None)).order_by(walk.c.k)
+
     # -- errors -----------------------------------------------------------------------
 
     def is_retryable(self, exc: DBAPIError) -> bool:
