@@ -48,10 +48,53 @@ def promote_from(k: int, done: sa.Select[Any]) -> sa.Update:
     return _promote(lambda col: sa.and_(col.in_(ids), col.in_(done)), counted=True)
 
 
-def _promote(is_done: Callable[[Any], sa.ColumnElement[bool]], *, counted: bool) -> sa.Update:
+@functools.lru_cache(maxsize=256)
+def _dependents(k: int) -> sa.Select[Any]:
+    """The children of the ``k`` parents bound as ``done0`` .., by the deps index."""
+    return (
+        sa.select(deps.c.job_id)
+        .where(deps.c.depends_on.in_(id_binds("done", k)))
+        .distinct()
+        .order_by(deps.c.job_id)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _promote_children(k: int, m: int) -> sa.Update:
+    """:func:`promote_done` for ``k`` parents, on the ``m`` children bound as ``child0`` .."""
+    return _promote(
+        lambda col: col.in_(id_binds("done", k)),
+        counted=k > 1,
+        children=c.id.in_(id_binds("child", m)),
+    )
+
+
+def run_promote_done(conn: Connection, ad: Adapter, done: Sequence[int]) -> int:
+    """Run :func:`promote_done` for ``done``; returns the children it touched.
+
+    Where the server cannot run the UPDATE's subquery as a join, the children are looked
+    up first and updated by key: one more round trip, and only when there are children.
+    """
+    params = id_values("done", done)
+    if ad.update_semijoin:
+        return conn.execute(promote_done(len(done)), params).rowcount
+    children = list(conn.execute(_dependents(len(done)), params).scalars())
+    if not children:
+        return 0
+    params.update(id_values("child", children))
+    return conn.execute(_promote_children(len(done), len(children)), params).rowcount
+
+
+def _promote(
+    is_done: Callable[[Any], sa.ColumnElement[bool]],
+    *,
+    counted: bool,
+    children: sa.ColumnElement[bool] | None = None,
+) -> sa.Update:
     """One statement: state is assigned first, from the count before the decrement (MySQL
     evaluates SET left to right, the other databases from the old row). ``counted``: a
     child may wait on several of the parents, so it loses one count per finished parent.
+    ``children``: the children, when the caller looked them up (else a subquery finds them).
     """
     edges = sa.select(deps.c.job_id).where(is_done(deps.c.depends_on))
     n: Any = 1
@@ -64,7 +107,7 @@ def _promote(is_done: Callable[[Any], sa.ColumnElement[bool]], *, counted: bool)
     last = sa.and_(in_states(T["promote"].sources), c.pending_deps == n)
     return (
         sa.update(jobs)
-        .where(c.id.in_(edges))
+        .where(c.id.in_(edges) if children is None else children)
         .ordered_values(
             (c.state, sa.case((last, T["promote"].target.value), else_=c.state)),
             (c.pending_deps, c.pending_deps - n),
@@ -102,7 +145,7 @@ def after_terminal(
     done = [job_id for job_id, state, _ in settled if state == S.DONE]
     if done:
         if promoted is None:
-            promoted = conn.execute(promote_done(len(done)), id_values("done", done)).rowcount
+            promoted = run_promote_done(conn, ad, done)
         touched[done[0]] += promoted
     for job_id, state, parent in settled:
         work = [(job_id, state, parent)]
@@ -113,7 +156,7 @@ def after_terminal(
                 if lock is not None:
                     conn.execute(lock, {"job_id": jid})
                 if st == S.DONE:
-                    touched[job_id] += conn.execute(promote_done(1), {"done0": jid}).rowcount
+                    touched[job_id] += run_promote_done(conn, ad, [jid])
             if st != S.DONE:
                 waiting = sa.select(deps.c.job_id).where(deps.c.depends_on == jid)
                 dependents = sorted(conn.execute(waiting).scalars())

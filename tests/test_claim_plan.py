@@ -7,7 +7,8 @@ machine. Session 3 found a PostgreSQL plan that walked every ready row on every 
 after statistics were taken while few jobs were ready; the third test keeps it found.
 The statement checked is the one that reads the ready set: the one-statement claim where
 the adapter has it, else the locked select (the UPDATE then goes by primary key). The
-Worker's capped scan is held to the same standard: about ``LIMIT`` rows per group.
+Worker's capped scan is held to the same standard (about ``LIMIT`` rows per group), and
+so is a finalize's DAG promotion (about the children's rows).
 SQLite reports no row counts, and MySQL 8's EXPLAIN ANALYZE is a text tree: not covered.
 """
 
@@ -21,7 +22,7 @@ import sqlalchemy as sa
 from readyq_bench.db import fill_jobs
 
 import readyq
-from readyq import _guards, _scan, _store
+from readyq import _dag, _guards, _scan, _store
 from readyq.schema import jobs
 
 pytestmark = pytest.mark.backend
@@ -170,6 +171,27 @@ def test_capped_scan_reads_about_limit_rows_per_group_beside_a_long_backlog(
     params.update(now=explained.clock.now_us(), cap=LIMIT)
     windows = _rows_read(explained, _scan._capped(SCAN_GROUPS, True), params)
     assert groups + windows <= SCAN_GROUPS * BOUND // 3, (groups, windows)
+
+
+def _promotion(ad: Any, parent: int, children: list[int]) -> list[tuple[Any, dict[str, Any]]]:
+    """The statements ``_dag.run_promote_done`` runs for ``parent``'s ``children``."""
+    if ad.update_semijoin:
+        return [(_dag.promote_done(1), {"done0": parent})]
+    params = {"done0": parent, **_guards.id_values("child", children)}
+    return [(_dag._dependents(1), params), (_dag._promote_children(1, len(children)), params)]
+
+
+def test_promoting_dependents_reads_about_their_rows_beside_many_finished_jobs(
+    explained: readyq.Queue,
+) -> None:
+    """A finalize's DAG promotion finds the children by the deps index and updates them by
+    key; MariaDB before 11.1 ran the UPDATE's IN (SELECT ...) against every job."""
+    parent = explained.enqueue("parent")
+    children = [explained.enqueue("child", after=[parent]) for _ in range(3)]
+    fill_jobs(explained.engine, FILLER, state="done", now=explained.clock.now_us())
+    _analyze(explained)
+    steps = _promotion(explained.adapter, parent, children)
+    assert sum(_rows_read(explained, stmt, params) for stmt, params in steps) <= BOUND
 
 
 def test_rows_read_counts_a_full_scan(explained: readyq.Queue) -> None:

@@ -90,6 +90,21 @@ def test_mysql_and_mariadb_differ_where_documented() -> None:
     assert (MySQLAdapter.min_lock_wait_timeout, MariaDBAdapter.min_lock_wait_timeout) == (1, 0)
 
 
+@pytest.mark.parametrize(
+    ("adapter", "semijoin"),
+    [
+        (MySQLAdapter((8, 0, 20)), False),
+        (MySQLAdapter((8, 0, 21)), True),
+        (MariaDBAdapter((10, 11, 6)), False),
+        (MariaDBAdapter((11, 1)), True),
+        (PostgreSQLAdapter((13,)), True),
+    ],
+)
+def test_update_semijoin_is_decided_from_the_server_version(adapter, semijoin) -> None:  # type: ignore[no-untyped-def]
+    """Before MySQL 8.0.21 and MariaDB 11.1 an UPDATE's IN (SELECT) reads every row."""
+    assert adapter.update_semijoin is semijoin
+
+
 @pytest.mark.backend
 def test_for_engine_picks_the_adapter_of_the_server(backend) -> None:  # type: ignore[no-untyped-def]
     """The live server decides: a MariaDB server behind mysql+pymysql gets MariaDBAdapter."""

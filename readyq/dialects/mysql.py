@@ -33,12 +33,16 @@ class MySQLAdapter(Adapter):
     #: detect a statement that would block). MySQL 8 documents 1 second as its minimum.
     min_lock_wait_timeout: ClassVar[int] = 1
 
+    #: First release that plans a single-table UPDATE's ``IN (SELECT ...)`` as a semi-join.
+    semijoin_update_since: ClassVar[tuple[int, ...]] = (8, 0, 21)
+
     def version_reason(self) -> str:
         return "SKIP LOCKED arrived in 8.0.1"
 
     def __init__(self, server_version: tuple[int, ...]) -> None:
         super().__init__(server_version)
         self._set_per_transaction = False
+        self.update_semijoin = server_version >= self.semijoin_update_since
 
     def prepare_engine(self, engine: Engine, *, owned: bool = False) -> Engine:
         prepared = super().prepare_engine(engine, owned=owned)
@@ -106,6 +110,8 @@ class MariaDBAdapter(MySQLAdapter):
     insert_returning = True
     # MariaDB accepts innodb_lock_wait_timeout = 0 and fails a blocked statement at once.
     min_lock_wait_timeout: ClassVar[int] = 0
+    # MDEV-7487: semi-joins in single-table UPDATE and DELETE arrived in MariaDB 11.1.
+    semijoin_update_since: ClassVar[tuple[int, ...]] = (11, 1)
 
     def version_reason(self) -> str:
         return "SKIP LOCKED arrived in 10.6"
