@@ -27,7 +27,7 @@ from .sections import Bench
 
 __all__ = ["main", "run"]
 
-SECTIONS = ("reference", "enqueue", "drain", "latency", "scaling", "write_cost")
+SECTIONS = ("reference", "enqueue", "drain", "latency", "scaling", "backlog", "write_cost")
 
 
 def _ints(text: str) -> list[int]:
@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", help="thread,process (default both)")
     p.add_argument("--finished", type=_ints, help="finished-row sizes (default 1000,100000,1M)")
     p.add_argument("--blocked", type=_ints, help="blocked-row sizes (default 100000)")
+    p.add_argument(
+        "--backlog", type=_ints, help="ready backlogs of the Worker tick (default 1000,100000)"
+    )
     p.add_argument("--profile", action="store_true", help="also cProfile the single-worker drain")
     p.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
     p.add_argument("--json", metavar="PATH", help="write the full result as JSON")
@@ -80,6 +83,8 @@ def config_from(args: argparse.Namespace) -> Config:
         cfg.finished_sizes = sorted(args.finished)
     if args.blocked:
         cfg.blocked_sizes = sorted(args.blocked)
+    if args.backlog:
+        cfg.backlog_sizes = sorted(args.backlog)
     cfg.profile = args.profile
     return cfg
 

@@ -35,6 +35,9 @@ class Config:
     finished_sizes: list[int] = field(default_factory=lambda: [1000, 100_000, 1_000_000])
     blocked_sizes: list[int] = field(default_factory=lambda: [100_000])
     scaling_claims: int = 100
+    #: Ready jobs waiting while one fair-share Worker drains ``backlog_jobs`` of them.
+    backlog_sizes: list[int] = field(default_factory=lambda: [1000, 100_000])
+    backlog_jobs: int = 500
     cost_jobs: int = 500
     #: Seconds for PostgreSQL backends to publish their counters (they flush at exit).
     stats_wait: float = 0.5
@@ -59,6 +62,8 @@ class Config:
             finished_sizes=[100, 1000],
             blocked_sizes=[1000],
             scaling_claims=15,
+            backlog_sizes=[100, 1000],
+            backlog_jobs=30,
             cost_jobs=40,
             stats_wait=0.3,
             profile_jobs=100,

@@ -157,15 +157,17 @@ def _filler(state: str, now: int, pending: int) -> dict[str, Any]:
 
 
 def fill_jobs(
-    engine: Engine, count: int, *, state: str, now: int, chunk: int = 5000
+    engine: Engine, count: int, *, state: str, now: int, chunk: int = 5000, groups: int = 1
 ) -> Sequence[int]:
-    """Bulk-insert ``count`` filler jobs (``done``, or ``blocked`` on one open root job).
+    """Bulk-insert ``count`` filler jobs (``done``, ``ready``, or ``blocked`` on one open
+    root job).
 
     Blocked rows wait on a root job that is itself blocked forever, with an edge each in
-    ``readyq_job_deps``, like real jobs whose dependency has not finished. Returns the
-    root's id for blocked fillers (empty for done).
+    ``readyq_job_deps``, like real jobs whose dependency has not finished. Ready rows are
+    ``noop`` jobs spread over ``groups`` groups ``g0`` .. of weights 1 ..  Returns the
+    root's id for blocked fillers (empty otherwise).
     """
-    assert state in ("done", "blocked"), state
+    assert state in ("done", "blocked", "ready"), state
     root: list[int] = []
     with engine.begin() as conn:
         if state == "blocked":
@@ -177,17 +179,23 @@ def fill_jobs(
     left = count
     while left > 0:
         n = min(chunk, left)
+        rows = [row] * n
+        if state == "ready":
+            rows = [
+                dict(row, type="noop", group_key=f"g{k % groups}", weight=k % groups + 1)
+                for k in range(count - left, count - left + n)
+            ]
         with engine.begin() as conn:
             if root:
                 first = conn.execute(sa.select(sa.func.max(jobs.c.id))).scalar_one()
-                conn.execute(jobs.insert(), [row] * n)
+                conn.execute(jobs.insert(), rows)
                 last = conn.execute(sa.select(sa.func.max(jobs.c.id))).scalar_one()
                 ids = conn.execute(
                     sa.select(jobs.c.id).where(jobs.c.id > first, jobs.c.id <= last)
                 ).scalars()
                 conn.execute(deps.insert(), [{"job_id": i, "depends_on": root[0]} for i in ids])
             else:
-                conn.execute(jobs.insert(), [row] * n)
+                conn.execute(jobs.insert(), rows)
         left -= n
     analyze(engine)
     return root

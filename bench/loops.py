@@ -186,10 +186,15 @@ def worker_loop(url: str, worker_id: str, slots: int, poll: float, barrier: Barr
 STAGES = ("persist", "reclaim_due", "scan", "rank", "lease", "dispatch")
 
 
-def worker_stages(url: str, slots: int, poll: float) -> Result:
-    """One ``readyq.Worker`` draining the queue, each tick stage timed (wall seconds)."""
+def worker_stages(url: str, slots: int, poll: float, stop_after: int | None = None) -> Result:
+    """One ``readyq.Worker`` draining the queue, each tick stage timed (wall seconds).
+
+    ``stop_after``: stop once that many jobs are finished (else when the queue is idle);
+    ``done`` is then the jobs this worker finished.
+    """
     spent = dict.fromkeys(STAGES, 0.0)
     calls = dict.fromkeys(STAGES, 0)
+    finished = 0
     q = readyq.Queue(url)
     try:
         q.counts()
@@ -204,18 +209,24 @@ def worker_stages(url: str, slots: int, poll: float) -> Result:
             real = getattr(worker, name)
 
             def timed(*args: Any, _real: Any = real, _name: str = name) -> Any:
+                nonlocal finished
                 t = time.perf_counter()
                 try:
-                    return _real(*args)
+                    got = _real(*args)
                 finally:
                     spent[_name] += time.perf_counter() - t
                     calls[_name] += 1
+                if _name == "persist":
+                    finished += got[0]
+                    if stop_after is not None and finished >= stop_after:
+                        worker.stop()
+                return got
 
             setattr(worker, name, timed)  # the instance's attribute: tick() calls it
         t = time.perf_counter()
-        worker.run(until_idle=True)
+        worker.run(until_idle=stop_after is None)
         wall = time.perf_counter() - t
-        done = q.counts()["done"]
+        done = q.counts()["done"] if stop_after is None else finished
     finally:
         q.close()
     # scan runs once per tick; persist also runs while the worker shuts down

@@ -125,6 +125,29 @@ def _scaling(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _backlog(result: dict[str, Any]) -> list[str]:
+    block = result["backlog"]
+    rows = [
+        [f"{int(size):,} ready", *_smm(s["jobs_per_s"]), _n(s["scan_ms_per_tick"]["median"])]
+        for size, s in block["sizes"].items()
+    ]
+    rows.append(
+        [
+            "  ratio smallest/largest (jobs/s); largest/smallest (scan)",
+            f"{block['ratio_smallest_largest']:.2f}",
+            "",
+            "",
+            f"{block['scan_ratio_largest_smallest']:.2f}",
+        ]
+    )
+    return _table(
+        f"Backlog: one Worker ({block['slots']} slots, {block['groups']} weighted groups) "
+        f"draining {block['jobs']} jobs beside a ready backlog (jobs/s)",
+        ["backlog", "median", "min", "max", "scan ms/tick"],
+        rows,
+    )
+
+
 def _write_cost(result: dict[str, Any]) -> list[str]:
     out: list[str] = []
     cost = result["write_cost"]
@@ -200,6 +223,7 @@ _SECTIONS = [
     ("drain", _drain),
     ("latency", _latency),
     ("scaling", _scaling),
+    ("backlog", _backlog),
     ("write_cost", _write_cost),
     ("profile", _profile),
 ]

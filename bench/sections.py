@@ -465,6 +465,56 @@ class Bench:
                 both_reps.append(_ms(statistics.median(b_times)))
         return {"claim_ms": summarize(claim_reps), "claim_finalize_ms": summarize(both_reps)}
 
+    # -- backlog ------------------------------------------------------------------------
+
+    def backlog(self) -> Stats:
+        """One fair-share Worker draining ``backlog_jobs`` jobs off each ready backlog
+        (topped up between repetitions): its tick must not slow down with the backlog."""
+        cfg = self.cfg
+        slots = max(cfg.limits)
+        db.reset_queue(self.url)
+        engine = sa.create_engine(self.url, poolclass=NullPool)
+        per: Stats = {}
+        filled = 0
+        try:
+            with readyq.Queue(self.url) as q:
+                now = q.clock.now_us()
+            for size in cfg.backlog_sizes:
+                db.fill_jobs(engine, size - filled, state="ready", now=now, groups=cfg.fair_groups)
+                filled = size
+                runs = []
+                for rep in range(cfg.repeat + 1):  # the first is a discarded warm-up
+                    got = loops.worker_stages(self.url, slots, cfg.poll_interval, cfg.backlog_jobs)
+                    if got["done"] < cfg.backlog_jobs:
+                        raise BenchError(f"backlog: the Worker finished {got['done']} jobs")
+                    db.fill_jobs(
+                        engine, int(got["done"]), state="ready", now=now, groups=cfg.fair_groups
+                    )
+                    if rep:
+                        runs.append(got)
+                per[str(size)] = {
+                    "jobs_per_s": summarize([r["done"] / r["wall_s"] for r in runs]),
+                    "scan_ms_per_tick": summarize(
+                        [1000 * r["stages_s"]["scan"] / max(1, r["ticks"]) for r in runs]
+                    ),
+                }
+                self.log(
+                    f"Worker beside {size:>9,} ready jobs: "
+                    f"{per[str(size)]['jobs_per_s']['median']:.0f} jobs/s"
+                )
+        finally:
+            engine.dispose()
+        rates = [v["jobs_per_s"]["median"] for v in per.values()]
+        scans = [v["scan_ms_per_tick"]["median"] for v in per.values()]
+        return {
+            "sizes": per,
+            "jobs": cfg.backlog_jobs,
+            "slots": slots,
+            "groups": cfg.fair_groups,
+            "ratio_smallest_largest": rates[0] / rates[-1],
+            "scan_ratio_largest_smallest": scans[-1] / scans[0],
+        }
+
     # -- write cost ---------------------------------------------------------------------
 
     def write_cost(self) -> Stats:

@@ -17,7 +17,7 @@ from sqlalchemy.pool import NullPool
 
 pytestmark = pytest.mark.backend
 
-SECTIONS = ("meta", "reference", "enqueue", "drain", "latency", "scaling", "write_cost")
+SECTIONS = ("meta", "reference", "enqueue", "drain", "latency", "scaling", "backlog", "write_cost")
 
 
 # One bench run per backend, shared by the tests below (a run takes seconds, not millis).
@@ -107,6 +107,20 @@ def test_scaling_reports_finished_and_blocked_ratios(quick_result: dict[str, Any
         assert scaling[kind]["ratio_largest_smallest"] > 0
 
 
+def test_backlog_reports_worker_rate_and_scan_per_backlog_size(
+    quick_result: dict[str, Any],
+) -> None:
+    """A Worker's jobs/s and scan time per tick beside each ready backlog, with the ratios."""
+    backlog = quick_result["backlog"]
+    sizes = backlog["sizes"]
+    assert len(sizes) >= 2
+    assert all(
+        _positive(s["jobs_per_s"]) and _positive(s["scan_ms_per_tick"]) for s in sizes.values()
+    )
+    assert backlog["ratio_smallest_largest"] > 0
+    assert backlog["scan_ratio_largest_smallest"] > 0
+
+
 def test_write_cost_counts_statements_and_transactions(quick_result: dict[str, Any]) -> None:
     """Per phase: statements, transactions and round trips per job; PG adds WAL and dead rows."""
     cost = quick_result["write_cost"]
@@ -126,7 +140,7 @@ def test_write_cost_counts_statements_and_transactions(quick_result: dict[str, A
 def test_terminal_table_names_every_section(quick_result: dict[str, Any]) -> None:
     """The printed table has a heading per section."""
     text = quick_result["_stdout"]
-    for heading in ("Reference", "Enqueue", "Drain", "latency", "Scaling", "Write cost"):
+    for heading in ("Reference", "Enqueue", "Drain", "latency", "Scaling", "Backlog", "Write cost"):
         assert heading in text, heading
 
 
