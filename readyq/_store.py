@@ -97,7 +97,9 @@ def _claim_values() -> dict[str, Any]:
 def _claim_update(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]], n: int) -> Any:
     """READY -> RUNNING for ``n`` picked ids; ``guard`` is part of the key (tests patch it)."""
     picked = c.id.in_(id_binds("id", n))
-    upd = sa.update(jobs).where(picked, guard("claim")).values(_claim_values())
+    # IS TRUE: the re-check must not drive the plan; SQLite without statistics otherwise
+    # walked the state index over every ready row (13 ms per claim beside 100,000).
+    upd = sa.update(jobs).where(picked, guard("claim").is_(sa.true())).values(_claim_values())
     return upd.returning(*_LEASE_COLS) if ad.update_returning else upd
 
 

@@ -9,7 +9,8 @@ The statement checked is the one that reads the ready set: the one-statement cla
 the adapter has it, else the locked select (the UPDATE then goes by primary key). The
 Worker's capped scan is held to the same standard (about ``LIMIT`` rows per group), and
 so is a finalize's DAG promotion (about the children's rows).
-SQLite reports no row counts, and MySQL 8's EXPLAIN ANALYZE is a text tree: not covered.
+SQLite reports no row counts (its claim UPDATE's plan shape is checked instead), and MySQL
+8's EXPLAIN ANALYZE is a text tree: not covered.
 """
 
 from __future__ import annotations
@@ -153,6 +154,40 @@ def test_grouped_claim_select_reads_about_its_share_beside_other_groups(
     select = _store._claim_select(explained.adapter, True)
     params = {"now": explained.clock.now_us(), "n": LIMIT, "group": "mine"}
     assert _rows_read(explained, select, params) <= BOUND
+
+
+def _picked_update(q: readyq.Queue) -> tuple[Any, dict[str, Any]]:
+    """The claim's UPDATE of LIMIT picked ready jobs (a grouped claim's second step)."""
+    with q.engine.connect() as conn:
+        ids = list(conn.execute(sa.select(jobs.c.id).order_by(jobs.c.id).limit(LIMIT)).scalars())
+    params = _store._claim_params("plan", q.clock.now_us(), 10**7, LIMIT)
+    params.update(_guards.id_values("id", ids))
+    return _store._claim_update(q.adapter, _guards.guard, LIMIT), params
+
+
+def test_claim_update_reads_only_the_picked_rows_beside_a_ready_backlog(
+    explained: readyq.Queue,
+) -> None:
+    _ready(explained, FILLER)
+    _analyze(explained)
+    assert _rows_read(explained, *_picked_update(explained)) <= BOUND
+
+
+def test_sqlite_claim_update_reaches_the_picked_rows_by_primary_key(queue: readyq.Queue) -> None:
+    """Without statistics SQLite took the state index for ``state IN ('ready')`` and
+    walked every ready row (13 ms per claim beside 100,000)."""
+    if queue.engine.dialect.name != "sqlite":
+        pytest.skip("a SQLite plan")
+    _ready(queue, 2 * LIMIT)
+    stmt, params = _picked_update(queue)
+    with queue.engine.connect() as conn:
+        compiled = stmt.compile(dialect=conn.dialect)
+        values = compiled.construct_params(params)
+        positional = tuple(values[name] for name in compiled.positiontup or ())
+        plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + compiled.string, positional).all()
+    details = [row[-1] for row in plan]
+    assert any("PRIMARY KEY" in d for d in details), details
+    assert not any("INDEX" in d for d in details), details
 
 
 SCAN_GROUPS = 10
