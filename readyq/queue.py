@@ -139,8 +139,9 @@ class Queue:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _read(self, fn: Callable[[Connection, int], R]) -> R:
+        options = {"isolation_level": "AUTOCOMMIT"} if self.adapter.read_autocommit else {}
         try:
-            with self.engine.connect() as conn:
+            with self.engine.connect().execution_options(**options) as conn:
                 return fn(conn, self.clock.now_us())
         except sa.exc.DBAPIError as exc:
             self._raise_if_missing(exc)

@@ -151,3 +151,22 @@ def test_a_workers_scan_counts_ready_jobs_up_to_its_free_slots(q: readyq.Queue) 
     _enqueue(q, [("a", 0, 0, 1.0, False)] * 7 + [("b", 0, 0, 1.0, False)] * 2)
     worker = Worker(q, {"t": lambda ctx, args: None}, limits=[readyq.Concurrency(3)])
     assert worker.scan() == [GroupStats("a", 3, 0, 1.0), GroupStats("b", 2, 0, 1.0)]
+
+
+def test_reads_run_in_autocommit_exactly_where_the_adapter_says(q: readyq.Queue) -> None:
+    """read_autocommit: no BEGIN/ROLLBACK around reads; writes after them still begin."""
+    job = q.enqueue("t")
+    seen: dict[str, set[bool]] = {"read": set(), "write": set()}
+    phase = ["read"]
+
+    def record(conn: sa.Connection, *args: Any) -> None:
+        auto = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+        seen[phase[0]].add(auto)
+
+    sa.event.listen(q.engine, "before_cursor_execute", record)
+    q.scan(limit=2)
+    q.counts()
+    q.get(job)
+    phase[0] = "write"
+    q.cancel(job)
+    assert seen == {"read": {q.adapter.read_autocommit}, "write": {False}}

@@ -60,6 +60,9 @@ class Adapter:
     serialized_writers: ClassVar[bool] = False
     #: ``LISTEN/NOTIFY`` wake-ups.
     listen_notify: ClassVar[bool] = False
+    #: Reads run in autocommit: no BEGIN and ROLLBACK around them. Each statement takes
+    #: its own snapshot at READ COMMITTED anyway, so only where that saves round trips.
+    read_autocommit: ClassVar[bool] = False
     #: ``UPDATE t ... WHERE id IN (SELECT ...)`` runs as a join, by index. Without it the
     #: server evaluates the subquery against every row of ``t`` (a finalize promoting
     #: dependents read all 30,000 jobs: 40 ms), so readyq looks the ids up first.

@@ -36,6 +36,10 @@ class PostgreSQLAdapter(Adapter):
     commit_together_capable = True
     insert_returning = True
     listen_notify = True
+    # psycopg sends BEGIN before a read and the pool a ROLLBACK after it: a Worker's scan
+    # took 2.9 ms in a transaction and 1.2 ms without. (PyMySQL would instead send two
+    # SET autocommit; SQLite has no round trips to save.)
+    read_autocommit = True
 
     def version_reason(self) -> str:
         return "the oldest release still supported upstream, and the oldest readyq tests"
