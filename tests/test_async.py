@@ -110,3 +110,16 @@ def test_concurrent_async_claimers_get_disjoint_jobs(async_url: str) -> None:
 
     ids = asyncio.run(main())
     assert (len(ids), len(set(ids))) == (40, 40)
+
+
+def test_async_scan_caps_ready_counts_at_the_limit(async_url: str) -> None:
+    """AsyncQueue.scan(limit=...) reads the capped shape, as Queue.scan does."""
+
+    async def main() -> list[tuple[str, int]]:
+        async with readyq.AsyncQueue(async_url) as q:
+            for _ in range(3):
+                await q.enqueue("t", group="a")
+            await q.enqueue("t", group="b")
+            return [(s.group, s.ready) for s in await q.scan(limit=2)]
+
+    assert asyncio.run(main()) == [("a", 2), ("b", 1)]
