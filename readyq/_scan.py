@@ -10,6 +10,7 @@ the number of free slots (proved in its module docstring).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,19 +49,27 @@ def scan(conn: Connection, ad: Adapter, *, now: int, limit: int | None = None) -
     """Ready and running jobs per group, sorted by group; ``limit`` caps each ready count."""
     if limit is None:
         return _exact(conn, now)
-    groups = list(conn.execute(_ready_groups(ad)).scalars())
     acc: dict[str, list[float]] = {}
+    if ad.lateral_join:
+        _fold(acc, conn.execute(_capped_lateral(ad), {"now": now, "cap": limit}))
+        return _stats(acc)
+    groups = list(conn.execute(_ready_groups(ad)).scalars())
     for start in range(0, max(len(groups), 1), _ARMS):
         chunk = groups[start : start + _ARMS]
         params: dict[str, Any] = {f"g{k}": g for k, g in enumerate(chunk)}
         params.update(now=now, cap=limit)
-        for kind, group, n, weight in conn.execute(_capped(len(chunk), start == 0), params):
-            if group is None or not n:
-                continue  # a group whose ready jobs are all deferred past now
-            ready, running, w = acc.setdefault(group, [0, 0, 0.0])
-            ready, running = (ready + n, running) if kind == "ready" else (ready, running + n)
-            acc[group] = [ready, running, max(w, weight)]
+        _fold(acc, conn.execute(_capped(len(chunk), start == 0), params))
     return _stats(acc)
+
+
+def _fold(acc: dict[str, list[float]], rows: Iterable[Any]) -> None:
+    """Add ``(kind, group, count, max weight)`` rows into ``acc``: group -> counts, weight."""
+    for kind, group, n, weight in rows:
+        if group is None or not n:
+            continue  # a group whose ready jobs are all deferred past now
+        ready, running, w = acc.setdefault(group, [0, 0, 0.0])
+        ready, running = (ready + n, running) if kind == "ready" else (ready, running + n)
+        acc[group] = [ready, running, max(w, weight)]
 
 
 def _exact(conn: Connection, now: int) -> list[GroupStats]:
@@ -97,6 +106,51 @@ def _ready_groups(ad: Adapter) -> sa.Select[Any]:
     return ad.loose_distinct(c.group_key, c.state, S.READY.value)
 
 
+def _running() -> sa.Select[Any]:
+    """``(kind, group, count, max weight)`` of running jobs, which concurrency keeps few."""
+    return (
+        sa.select(
+            sa.literal("running").label("kind"),
+            c.group_key,
+            sa.func.count().label("n"),
+            sa.func.max(c.weight).label("weight"),
+        )
+        .where(c.state == S.RUNNING)
+        .group_by(c.group_key)
+    )
+
+
+def _window(group: Any) -> sa.Select[Any]:
+    """A group's first ``cap`` ready rows, down the claim index (state, group_key,
+    priority, run_after_us, id)."""
+    return (
+        sa.select(c.group_key, c.weight)
+        .where(c.state == S.READY, c.group_key == group, c.run_after_us <= sa.bindparam("now"))
+        .order_by(c.priority, c.run_after_us, c.id)
+        .limit(sa.bindparam("cap"))
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _capped_lateral(ad: Adapter) -> sa.Executable:
+    """The capped scan as one statement: each group the index walk finds joins its own
+    window. One round trip, planned in about 0.3 ms; the union of one arm per group took
+    1.1 ms to plan on PostgreSQL, every time."""
+    groups = ad.loose_distinct(c.group_key, c.state, S.READY.value).subquery("groups")
+    window = _window(groups.c.k).lateral("w")
+    ready = (
+        sa.select(
+            sa.literal("ready").label("kind"),
+            groups.c.k.label("group_key"),
+            sa.func.count().label("n"),
+            sa.func.max(window.c.weight).label("weight"),
+        )
+        .select_from(groups.join(window, sa.true()))
+        .group_by(groups.c.k)
+    )
+    return sa.union_all(_running(), ready)
+
+
 @functools.lru_cache(maxsize=2 * _ARMS + 2)
 def _capped(arms: int, with_running: bool) -> sa.Executable:
     """One row per group: ``(kind, group, count, max weight)``.
@@ -105,30 +159,9 @@ def _capped(arms: int, with_running: bool) -> sa.Executable:
     ``(state, group_key, priority, run_after_us, id)``; the running arm (first statement
     only) counts running jobs, which the concurrency limit keeps few.
     """
-    selects: list[Any] = []  # selects of four columns each
-    if with_running:
-        selects.append(
-            sa.select(
-                sa.literal("running").label("kind"),
-                c.group_key,
-                sa.func.count().label("n"),
-                sa.func.max(c.weight).label("weight"),
-            )
-            .where(c.state == S.RUNNING)
-            .group_by(c.group_key)
-        )
+    selects: list[Any] = [_running()] if with_running else []  # four columns each
     for k in range(arms):
-        window = (
-            sa.select(c.group_key, c.weight)
-            .where(
-                c.state == S.READY,
-                c.group_key == sa.bindparam(f"g{k}"),
-                c.run_after_us <= sa.bindparam("now"),
-            )
-            .order_by(c.priority, c.run_after_us, c.id)
-            .limit(sa.bindparam("cap"))
-            .subquery(f"w{k}")
-        )
+        window = _window(sa.bindparam(f"g{k}")).subquery(f"w{k}")
         selects.append(
             sa.select(
                 sa.literal("ready").label("kind"),

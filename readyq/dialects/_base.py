@@ -60,6 +60,8 @@ class Adapter:
     serialized_writers: ClassVar[bool] = False
     #: ``LISTEN/NOTIFY`` wake-ups.
     listen_notify: ClassVar[bool] = False
+    #: ``JOIN LATERAL``: a subquery evaluated per row of the join's left side.
+    lateral_join: ClassVar[bool] = False
     #: Reads run in autocommit: no BEGIN and ROLLBACK around them. Each statement takes
     #: its own snapshot at READ COMMITTED anyway, so only where that saves round trips.
     read_autocommit: ClassVar[bool] = False
