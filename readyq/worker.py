@@ -164,7 +164,8 @@ class Worker:
         claimed: dict[str, int] = {}
         dispatched = 0
         if not self._stopping.is_set():
-            ranking = self.rank(self.scan())
+            free = self.free_slots()  # once: the scan's cap must be the slots ranked
+            ranking = self.rank(self.scan(free), free)
             leases = self.lease(ranking)
             for lease in leases:
                 claimed[lease.group] = claimed.get(lease.group, 0) + 1
@@ -188,16 +189,19 @@ class Worker:
         now = self._clock.monotonic()
         return max(0, min(limit.available(now) for limit in self.limits))
 
-    def scan(self) -> list[GroupStats]:
-        """Stage 2: the ready set per group, read up to the free slots (none when none)."""
-        free = self.free_slots()
+    def scan(self, free: int | None = None) -> list[GroupStats]:
+        """Stage 2: the ready set per group, read up to ``free`` (default: the free slots
+        now) ready jobs per group; nothing when no slot is free."""
+        free = self.free_slots() if free is None else free
         # Counting past ``free`` cannot change the ranking (readyq.fairshare, "Capped
         # ready counts"), and would make every tick cost O(backlog).
         return self.queue.scan(limit=free) if free > 0 else []
 
-    def rank(self, stats: list[GroupStats]) -> list[str]:
-        """Stage 3: fair share of the free slots, counting slots groups already hold."""
-        free = self.free_slots()
+    def rank(self, stats: list[GroupStats], free: int | None = None) -> list[str]:
+        """Stage 3: fair share of ``free`` slots (default: the free slots now), counting
+        slots groups already hold. Pass the ``free`` the stats were scanned with: ready
+        counts capped below the slots ranked could change the ranking."""
+        free = self.free_slots() if free is None else free
         if free <= 0 or not stats:
             return []
         with self._lock:

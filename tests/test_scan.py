@@ -170,3 +170,23 @@ def test_reads_run_in_autocommit_exactly_where_the_adapter_says(q: readyq.Queue)
     phase[0] = "write"
     q.cancel(job)
     assert seen == {"read": {q.adapter.read_autocommit}, "write": {False}}
+
+
+class _Growing(readyq.Limit):
+    """A limit that allows one more job each time it is asked (a refilling bucket)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def available(self, now: float) -> int:
+        self.asked += 1
+        return self.asked
+
+
+def test_a_tick_ranks_the_free_slots_its_scan_was_capped_at(q: readyq.Queue) -> None:
+    """Free slots are read once per tick: a limit that grew between the scan and the rank
+    must not rank more slots than the scan counted ready jobs for."""
+    _enqueue(q, [(g, 0, 0, 1.0, False) for g in "abc" for _ in range(3)])
+    worker = Worker(q, {"t": lambda ctx, args: None}, limits=[_Growing()])
+    report = worker.tick()
+    assert sum(report.claimed.values()) == 1
