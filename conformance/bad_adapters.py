@@ -87,6 +87,18 @@ def sqlite_deferred(base: type[Adapter]) -> type[Adapter]:
     return _variant(base, "Deferred", doc=sqlite_deferred.__doc__, begin_write=lambda s, c: None)
 
 
+def first_group_only(base: type[Adapter]) -> type[Adapter]:
+    """A ``loose_distinct`` that never steps past its first value: the Worker's scan
+    sees one group with ready jobs, and fair share starves every other group."""
+
+    def loose_distinct(
+        self: Adapter, key: sa.Column[Any], equal: sa.Column[Any], value: str
+    ) -> sa.Select[Any]:
+        return sa.select(sa.func.min(key).label("k")).where(equal == value)
+
+    return _variant(base, "FirstGroup", doc=first_group_only.__doc__, loose_distinct=loose_distinct)
+
+
 def read_then_update(base: type[Adapter]) -> type[Adapter]:
     """The claim reads ready ids in one transaction and updates them by id in another
     (patched into readyq._store.claim for this process)."""
@@ -210,6 +222,11 @@ BAD_ADAPTERS: dict[str, BadAdapter] = {
             "read_then_update",
             ("sqlite", "postgresql", "mysql"),
             "the claim reads and updates in two transactions",
+        ),
+        BadAdapter(
+            "first_group_only",
+            ("sqlite", "postgresql", "mysql"),
+            "the Worker's scan finds only the first group with ready jobs",
         ),
         BadAdapter("repeatable_read", ("mysql",), "InnoDB gap locks block enqueues"),
         BadAdapter("sqlite_deferred", ("sqlite",), "SQLite transactions start deferred"),

@@ -67,6 +67,20 @@ def test_claims_follow_the_ranking(env: Env) -> None:
         assert abs(served[name] - t * w / sum(WEIGHTS.values())) < 1, served
 
 
+@pytest.mark.core
+def test_a_capped_scan_finds_every_group_and_stops_counting_at_the_limit(env: Env) -> None:
+    """Queue.scan(limit=k), the Worker's scan (the adapter's loose_distinct finds the
+    groups): every group with ready or running jobs, each ready count min(ready, k)."""
+    q = env.queue()
+    with q.graph() as g:
+        for name, n in (("a", 5), ("b", 1), ("c", 3)):
+            for i in range(n):
+                g.add("t", {"i": i}, group=name)
+    q.claim("w", limit=1, groups=["c"])
+    got = [(s.group, s.ready, s.running) for s in q.scan(limit=2)]
+    assert got == [("a", 2, 0), ("b", 1, 0), ("c", 2, 1)]
+
+
 @pytest.mark.requires("skip_locked")
 def test_claim_falls_through_when_the_top_group_is_locked(env: Env) -> None:
     """When another transaction holds the top-ranked group's only job, the ranked claim
