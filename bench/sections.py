@@ -403,29 +403,19 @@ class Bench:
         cfg = self.cfg
         out: Stats = {}
         for state, sizes in (("done", cfg.finished_sizes), ("blocked", cfg.blocked_sizes)):
-            db.reset_queue(self.url)
-            engine = sa.create_engine(self.url, poolclass=NullPool)
             per: Stats = {}
-            filled = 0
-            try:
-                with readyq.Queue(self.url) as q:
-                    # Without filler: the baseline blocked rows are compared with.
-                    if state == "blocked":
-                        per["0"] = self._claim_latency(q, engine)
-                    for size in sizes:
-                        t = time.perf_counter()
-                        db.fill_jobs(engine, size - filled, state=state, now=q.clock.now_us())
-                        filled = size
-                        fill_s = time.perf_counter() - t
-                        per[str(size)] = self._claim_latency(q, engine)
-                        per[str(size)]["fill_s"] = fill_s
-                        self.log(
-                            f"claim+finalize with {size:>9,} {state:7} rows "
-                            f"{per[str(size)]['claim_finalize_ms']['median']:.2f} ms "
-                            f"(filled in {fill_s:.1f} s)"
-                        )
-            finally:
-                engine.dispose()
+            with self._fresh_tables() as engine, readyq.Queue(self.url) as q:
+                # Without filler: the baseline blocked rows are compared with.
+                if state == "blocked":
+                    per["0"] = self._claim_latency(q, engine)
+                for size, fill_s in _filled_to(engine, sizes, state=state, now=q.clock.now_us()):
+                    per[str(size)] = self._claim_latency(q, engine)
+                    per[str(size)]["fill_s"] = fill_s
+                    self.log(
+                        f"claim+finalize with {size:>9,} {state:7} rows "
+                        f"{per[str(size)]['claim_finalize_ms']['median']:.2f} ms "
+                        f"(filled in {fill_s:.1f} s)"
+                    )
             medians = [v["claim_finalize_ms"]["median"] for v in per.values()]
             claims = [v["claim_ms"]["median"] for v in per.values()]
             key = "finished" if state == "done" else "blocked"
@@ -435,6 +425,16 @@ class Bench:
                 "claim_ratio_largest_smallest": claims[-1] / claims[0],
             }
         return out
+
+    @contextmanager
+    def _fresh_tables(self) -> Iterator[Engine]:
+        """readyq's tables recreated empty, and an engine for bulk fills into them."""
+        db.reset_queue(self.url)
+        engine = sa.create_engine(self.url, poolclass=NullPool)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
 
     def _claim_latency(self, q: readyq.Queue, engine: Engine) -> Stats:
         cfg = self.cfg
@@ -472,24 +472,17 @@ class Bench:
         (topped up between repetitions): its tick must not slow down with the backlog."""
         cfg = self.cfg
         slots = max(cfg.limits)
-        db.reset_queue(self.url)
-        engine = sa.create_engine(self.url, poolclass=NullPool)
         per: Stats = {}
-        filled = 0
-        try:
+        with self._fresh_tables() as engine:
             with readyq.Queue(self.url) as q:
-                now = q.clock.now_us()
-            for size in cfg.backlog_sizes:
-                db.fill_jobs(engine, size - filled, state="ready", now=now, groups=cfg.fair_groups)
-                filled = size
+                fill = {"state": "ready", "now": q.clock.now_us(), "groups": cfg.fair_groups}
+            for size, _ in _filled_to(engine, cfg.backlog_sizes, **fill):
                 runs = []
                 for rep in range(cfg.repeat + 1):  # the first is a discarded warm-up
                     got = loops.worker_stages(self.url, slots, cfg.poll_interval, cfg.backlog_jobs)
                     if got["done"] < cfg.backlog_jobs:
                         raise BenchError(f"backlog: the Worker finished {got['done']} jobs")
-                    db.fill_jobs(
-                        engine, int(got["done"]), state="ready", now=now, groups=cfg.fair_groups
-                    )
+                    db.fill_jobs(engine, int(got["done"]), **fill)  # back to ``size``
                     if rep:
                         runs.append(got)
                 per[str(size)] = {
@@ -502,8 +495,6 @@ class Bench:
                     f"Worker beside {size:>9,} ready jobs: "
                     f"{per[str(size)]['jobs_per_s']['median']:.0f} jobs/s"
                 )
-        finally:
-            engine.dispose()
         rates = [v["jobs_per_s"]["median"] for v in per.values()]
         scans = [v["scan_ms_per_tick"]["median"] for v in per.values()]
         return {
@@ -682,6 +673,17 @@ class Bench:
 CHAINS, CHAIN_LEN, FAN = 10, 10, 50
 DAG_JOBS = CHAINS * CHAIN_LEN + 1 + FAN + 1
 DAG_EDGES = CHAINS * (CHAIN_LEN - 1) + FAN + FAN
+
+
+def _filled_to(engine: Engine, sizes: list[int], **fill: Any) -> Iterator[tuple[int, float]]:
+    """Fill jobs up to each of ``sizes`` in turn (cumulatively, ``db.fill_jobs(**fill)``);
+    yield each size and the seconds its fill took."""
+    filled = 0
+    for size in sizes:
+        t = time.perf_counter()
+        db.fill_jobs(engine, size - filled, **fill)
+        filled = size
+        yield size, time.perf_counter() - t
 
 
 def _dag(g: readyq.Graph) -> None:

@@ -32,13 +32,17 @@ def _claim_args(
     """A claim's arguments checked: (groups as a list or None, ttl in microseconds)."""
     if not isinstance(worker_id, str) or not worker_id:
         raise InvalidJob("worker_id must be a non-empty string")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidJob(f"limit must be a positive int, not {limit!r}")
+    _check_limit(limit)
     if groups is not None:
         if isinstance(groups, str) or not all(isinstance(g, str) for g in groups):
             raise InvalidJob("groups must be a list of group names")
         groups = list(groups)
     return groups, _ttl_us(ttl)
+
+
+def _check_limit(limit: object, what: str = "limit") -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidJob(f"{what} must be a positive int, not {limit!r:.60}")
 
 
 def _ttl_us(ttl: float, what: str = "ttl") -> int:
@@ -266,8 +270,7 @@ class Queue:
 
     def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[JobInfo]:
         """The most recent jobs (optionally of one state), newest first."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidJob(f"limit must be a positive int, not {limit!r:.60}")
+        _check_limit(limit)
         if state is not None and state not in {s.value for s in JobState}:
             raise InvalidJob(f"unknown state {state!r}; one of {[s.value for s in JobState]}")
 
@@ -310,10 +313,8 @@ class Queue:
         slots, :func:`~readyq.fair_share` ranks exactly as with full counts. Without it,
         every ready row is counted.
         """
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-        ):
-            raise InvalidJob(f"scan limit must be a positive int or None, not {limit!r}")
+        if limit is not None:
+            _check_limit(limit, "scan limit")
         return self._read(lambda conn, now: _scan.scan(conn, self.adapter, now=now, limit=limit))
 
     # -- operator actions -------------------------------------------------------------
