@@ -65,6 +65,9 @@ CLAIM_SLACK = 0.5
 MAX_RESTARTS = 2
 #: Which injections restart the server, in a restart run: the 2nd and the 5th.
 RESTART_PLAN = {1: "restart", 4: "restart"}
+#: A stop and a kill in every mixed run, whatever the seed draws: about eight draws from
+#: kill, kill, stop, term, cut, cut missed both once in 256 runs (CI, session 6).
+KILL_STOP_PLAN = {0: "stop", 2: "kill"}
 BATCHES = 14  # x JOBS_PER_BATCH = 280 jobs
 WARMUP_JOBS = 20
 CHAOS_SECONDS = 12.0
@@ -740,7 +743,7 @@ def test_workers_under_kills_stops_and_cuts_lose_nothing(
     kinds = ("kill", "kill", "stop", "term")
     if backend.name != "sqlite":
         kinds += ("cut", "cut")
-    verdict = run_chaos(server, tmp_path, kinds, seed=int(time.time()))
+    verdict = run_chaos(server, tmp_path, kinds, seed=int(time.time()), plan=KILL_STOP_PLAN)
     report(backend.name, verdict)
     assert verdict.problems == []
     faults = verdict.counts["faults"]
