@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, help="repetitions per figure (default 3; quick 1)")
     p.add_argument("--jobs", type=int, help="jobs per drain measurement (default 2000)")
     p.add_argument("--workers", type=_ints, help="drain worker counts (default 1,4,8,32)")
+    p.add_argument(
+        "--fair-workers", type=_ints, help="readyq.Worker counts of the drain (default 1,8)"
+    )
     p.add_argument("--limits", type=_ints, help="claim limits of the raw drain (default 1,10)")
     p.add_argument("--modes", help="thread,process (default both)")
     p.add_argument("--finished", type=_ints, help="finished-row sizes (default 1000,100000,1M)")
@@ -73,6 +76,9 @@ def config_from(args: argparse.Namespace) -> Config:
     if args.workers:
         cfg.workers = args.workers
         cfg.process_workers = None
+    if args.fair_workers:
+        cfg.fair_workers = args.fair_workers
+        cfg.fair_process_workers = None
     if args.limits:
         cfg.limits = args.limits
     if args.modes:
@@ -125,7 +131,7 @@ def run(cfg: Config, sections: Sequence[str] = SECTIONS, log: Any = _log) -> dic
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         needs_processes = "process" in cfg.modes  # the reference always runs
-        clients = Clients(max(cfg.counts("process")) if needs_processes else 1)
+        clients = Clients(max(cfg.client_counts("process")) if needs_processes else 1)
         try:
             bench = Bench(cfg, url, clients, log)
             # Every ratio divides by the reference measured in this same run.

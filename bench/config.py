@@ -21,8 +21,10 @@ class Config:
     process_workers: list[int] | None = None
     #: Claim ``limit`` values of the raw drain (1 = one job per claim).
     limits: list[int] = field(default_factory=lambda: [1, 10])
-    #: Workers of the ``readyq.Worker`` (fair share) variant, threads.
+    #: Workers of the ``readyq.Worker`` (fair share) variant, in each of ``modes``.
     fair_workers: list[int] = field(default_factory=lambda: [1, 8])
+    #: Worker counts of its process mode (None: the same as ``fair_workers``).
+    fair_process_workers: list[int] | None = None
     fair_groups: int = 10
     #: Seconds each reference client runs per repetition.
     ref_seconds: float = 1.0
@@ -54,6 +56,7 @@ class Config:
             workers=[1, 4, 8],
             process_workers=[2],
             fair_workers=[4],
+            fair_process_workers=[2],
             ref_seconds=0.1,
             enqueue_single=20,
             enqueue_batches={100: 1, 1000: 1},
@@ -86,6 +89,17 @@ class Config:
         if mode == "process" and self.process_workers is not None:
             return self.process_workers
         return self.workers
+
+    def fair_counts(self, mode: str) -> list[int]:
+        """``readyq.Worker`` counts measured in ``mode``."""
+        if mode == "process" and self.fair_process_workers is not None:
+            return self.fair_process_workers
+        return self.fair_workers
+
+    def client_counts(self, mode: str) -> list[int]:
+        """Every client count some section runs in ``mode``: the reference measures each,
+        so each figure has a reference with as many clients."""
+        return sorted({1, *self.counts(mode), *self.fair_counts(mode)})
 
     @property
     def warm_jobs(self) -> int:

@@ -189,7 +189,7 @@ class Bench:
         for mode in cfg.modes:
             out[mode] = {}
             self.reference_rates[mode] = {}
-            for n in sorted({1, *cfg.counts(mode)}):
+            for n in cfg.client_counts(mode):
 
                 def once(n: int = n, mode: str = mode, seconds: float = cfg.ref_seconds) -> float:
                     args = [(self.url, i, n, seconds) for i in range(n)]
@@ -287,40 +287,46 @@ class Bench:
         return rows
 
     def _fair(self, raw: list[Stats]) -> list[Stats]:
-        """``readyq.Worker`` over 10 weighted groups, beside the raw loop at the same size."""
+        """``readyq.Worker`` over 10 weighted groups, in each mode, beside the raw loop at
+        the same size (a deployment runs one Worker per process: threads share the GIL)."""
         cfg = self.cfg
         slots = max(cfg.limits)
         rows: list[Stats] = []
-        for workers in cfg.fair_workers:
+        for mode in cfg.modes:
+            for workers in cfg.fair_counts(mode):
 
-            def once(n: int, w: int = workers) -> float:
-                self._prefill(n, groups=cfg.fair_groups)
-                args = [(self.url, f"f{i}", slots, cfg.poll_interval) for i in range(w)]
-                results = self.clients.run("thread", loops.worker_loop, args)
-                self._check_drained(n, results)
-                return rate(results)
+                def once(n: int, w: int = workers, mode: str = mode) -> float:
+                    self._prefill(n, groups=cfg.fair_groups)
+                    args = [(self.url, f"f{i}", slots, cfg.poll_interval) for i in range(w)]
+                    results = self.clients.run(mode, loops.worker_loop, args)
+                    self._check_drained(n, results)
+                    return rate(results)
 
-            stats = self._repeat(partial(once, cfg.jobs), partial(once, cfg.warm_jobs))
-            same = [
-                r
-                for r in raw
-                if (r["mode"], r["workers"], r["limit"], r["finalize"])
-                == ("thread", workers, slots, "batch")
-            ]
-            rows.append(
-                {
-                    "runner": "worker",
-                    "mode": "thread",
-                    "workers": workers,
-                    "limit": slots,
-                    "groups": cfg.fair_groups,
-                    "jobs": cfg.jobs,
-                    "jobs_per_s": stats,
-                    "ratio": stats["median"] / self.ref("thread", workers),
-                    "vs_raw": (stats["median"] / same[0]["jobs_per_s"]["median"]) if same else None,
-                }
-            )
-            self.log(f"drain Worker thread   x{workers:<3} fair     {stats['median']:9.0f} jobs/s")
+                stats = self._repeat(partial(once, cfg.jobs), partial(once, cfg.warm_jobs))
+                same = [
+                    r
+                    for r in raw
+                    if (r["mode"], r["workers"], r["limit"], r["finalize"])
+                    == (mode, workers, slots, "batch")
+                ]
+                rows.append(
+                    {
+                        "runner": "worker",
+                        "mode": mode,
+                        "workers": workers,
+                        "limit": slots,
+                        "groups": cfg.fair_groups,
+                        "jobs": cfg.jobs,
+                        "jobs_per_s": stats,
+                        "ratio": stats["median"] / self.ref(mode, workers),
+                        "vs_raw": (stats["median"] / same[0]["jobs_per_s"]["median"])
+                        if same
+                        else None,
+                    }
+                )
+                self.log(
+                    f"drain Worker {mode:7} x{workers:<3} fair     {stats['median']:9.0f} jobs/s"
+                )
         return rows
 
     # -- end-to-end latency -------------------------------------------------------------
