@@ -99,6 +99,18 @@ def first_group_only(base: type[Adapter]) -> type[Adapter]:
     return _variant(base, "FirstGroup", doc=first_group_only.__doc__, loose_distinct=loose_distinct)
 
 
+def ranked_by_name(base: type[Adapter]) -> type[Adapter]:
+    """A ``ranked_groups`` that numbers the groups by name, not in the order given: a
+    one-statement grouped claim hands its jobs out in the wrong order."""
+
+    def ranked_groups(self: Adapter) -> sa.FromClause:
+        given = base.ranked_groups(self)
+        rank = sa.func.row_number().over(order_by=given.c.g).label("ord")
+        return sa.select(given.c.g, given.c.n, rank).subquery("by_name")
+
+    return _variant(base, "RankedByName", doc=ranked_by_name.__doc__, ranked_groups=ranked_groups)
+
+
 def read_then_update(base: type[Adapter]) -> type[Adapter]:
     """The claim reads ready ids in one transaction and updates them by id in another
     (patched into readyq._store.claim for this process)."""
@@ -227,6 +239,11 @@ BAD_ADAPTERS: dict[str, BadAdapter] = {
             "first_group_only",
             ("sqlite", "postgresql", "mysql"),
             "the Worker's scan finds only the first group with ready jobs",
+        ),
+        BadAdapter(
+            "ranked_by_name",
+            ("postgresql",),
+            "the one-statement grouped claim ignores the ranking's order",
         ),
         BadAdapter("repeatable_read", ("mysql",), "InnoDB gap locks block enqueues"),
         BadAdapter("sqlite_deferred", ("sqlite",), "SQLite transactions start deferred"),

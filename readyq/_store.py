@@ -147,26 +147,14 @@ def _pick(conn: Connection, ad: Adapter, now: int, limit: int, groups: Sequence[
     # One locked select per group, in ranked order; a group whose rows are taken (or
     # gone) falls through to the next. Then a second pass gives unused slots to any
     # group that still had more, so the claim is work-conserving.
-    wanted: dict[str, int] = {}
-    for g in groups:
-        wanted[g] = wanted.get(g, 0) + 1
     picked: list[int] = []
     full: list[str] = []
     select = _claim_select(ad, True)
-    found: list[list[Any]] | None = None
-    if sum(wanted.values()) <= limit:
-        # Then no group's LIMIT depends on what the groups before it found, so the
-        # selects go together: one round trip on PostgreSQL instead of one per group.
-        sent = [(select, {"now": now, "n": asked, "group": g}) for g, asked in wanted.items()]
-        found = ad.execute_together(conn, sent)
-    for i, (g, asked) in enumerate(wanted.items()):
+    for g, asked in _wanted(groups).items():
         n = min(asked, limit - len(picked))
         if n <= 0:
             break
-        if found is None:
-            got = list(conn.execute(select, {"now": now, "n": n, "group": g}).scalars())
-        else:
-            got = [r.id for r in found[i]]
+        got = list(conn.execute(select, {"now": now, "n": n, "group": g}).scalars())
         picked += got
         if len(got) == n:
             full.append(g)
@@ -177,6 +165,80 @@ def _pick(conn: Connection, ad: Adapter, now: int, limit: int, groups: Sequence[
         stmt = select.where(c.id.not_in(picked))
         picked += conn.execute(stmt, {"now": now, "n": n, "group": g}).scalars()
     return picked
+
+
+@functools.lru_cache(maxsize=16)
+def _claim_ranked(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]]) -> Any:
+    """The grouped claim as one statement: each ranked group ``(g, n, ord)`` joins
+    LATERAL its first ``n`` ready rows (locked, skipping rows locked by others), and the
+    UPDATE leases them all; ``ord`` comes back to put the leases in ranked order.
+
+    One text for every ranking, so it is prepared once. (A CTE per group and pass, 20 for
+    10 groups, was planned again on every execution: docs/benchmarks.md, session 5.)
+    MATERIALIZED and the joined UPDATE: as in :func:`_claim_one_statement`.
+    """
+    want = ad.ranked_groups()
+    window = ad.lock_claimable(
+        sa.select(c.id)
+        .where(
+            c.state == S.READY.value,
+            c.run_after_us <= sa.bindparam("now"),
+            c.group_key == want.c.g,
+        )
+        .order_by(*_ORDER)
+        .limit(want.c.n)
+    ).lateral("window")
+    picked = (
+        sa.select(window.c.id, want.c.ord)
+        .select_from(want.join(window, sa.true()))
+        # Never cuts (the shares sum to at most n), but it is the planner's estimate: with
+        # 10% of the table guessed per window, the UPDATE hash-joined a scan of every job.
+        .limit(sa.bindparam("n"))
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        sa.update(jobs)
+        .where(c.id == picked.c.id, guard("claim").is_(sa.true()))
+        .values(_claim_values())
+        .returning(*_LEASE_COLS, picked.c.ord)
+    )
+
+
+def _claim_ranked_rows(
+    conn: Connection, ad: Adapter, params: dict[str, Any], limit: int, groups: Sequence[str]
+) -> list[Any]:
+    """:func:`claim` by ranked groups whose shares fit ``limit``, with
+    :func:`_claim_ranked`: the same jobs, in the same order, as :func:`_pick`."""
+    wanted = _wanted(groups)
+    names = list(wanted)
+    stmt = _claim_ranked(ad, _guard)
+    rows = list(conn.execute(stmt, {**params, "groups": names, "ns": list(wanted.values())}))
+    got = dict.fromkeys(names, 0)
+    for r in rows:
+        got[names[r.ord - 1]] += 1
+    rows.sort(key=lambda r: (r.ord, *_claim_order(r)))
+    # Slots a group could not fill go, in ranked order, to the groups that filled theirs;
+    # the rows leased above are no longer ready, so each extra claim skips them.
+    for g in [g for g in names if got[g] == wanted[g]]:
+        n = limit - len(rows)
+        if n <= 0:
+            break
+        more = list(conn.execute(stmt, {**params, "groups": [g], "ns": [n]}))
+        rows += sorted(more, key=_claim_order)
+    return rows
+
+
+def _claim_order(row: Any) -> tuple[int, int, int]:
+    return (row.priority, row.run_after_us, row.id)
+
+
+def _wanted(groups: Sequence[str]) -> dict[str, int]:
+    """Jobs asked of each group, in ranked order (a group named twice is asked for two)."""
+    wanted: dict[str, int] = {}
+    for g in groups:
+        wanted[g] = wanted.get(g, 0) + 1
+    return wanted
 
 
 def claim_autocommits(ad: Adapter, groups: Sequence[str] | None) -> bool:
@@ -199,6 +261,10 @@ def claim(
     if groups is None and ad.claim_in_one_statement:
         rows = list(conn.execute(_claim_one_statement(ad, _guard), params))
         return _claimed(rows, worker_id, now + ttl_us)
+    if groups is not None and ad.grouped_claim_in_one_statement and len(groups) <= limit:
+        # Shares that fit the limit: no group's LIMIT depends on what the ones before found.
+        rows = _claim_ranked_rows(conn, ad, params, limit, groups)
+        return _leases(rows, worker_id, now + ttl_us)
     if groups is None:
         ids = list(conn.execute(_claim_select(ad, False), {"now": now, "n": limit}).scalars())
     else:
@@ -224,7 +290,7 @@ def _claim_params(worker_id: str, now: int, ttl_us: int, limit: int) -> dict[str
 
 def _claimed(rows: list[Any], worker_id: str, expires_us: int) -> list[Lease]:
     """Leases from the one-statement claim's rows (RETURNING has no order): claim order."""
-    rows.sort(key=lambda r: (r.priority, r.run_after_us, r.id))
+    rows.sort(key=_claim_order)
     return _leases(rows, worker_id, expires_us)
 
 

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import readyq
 from readyq import InvalidJob, JobState
-
-try:
-    from tests.observers import Recorder
-except ImportError:  # pragma: no cover - tests/ on sys.path instead
-    from observers import Recorder  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.backend
 
@@ -208,18 +204,51 @@ class TestClaimTransaction:
         assert seen["claim"] == {False}
 
 
-def test_grouped_claim_sends_its_group_selects_together_where_the_adapter_can(
+def _driver_statements(q: readyq.Queue, run: Any) -> list[str]:
+    """The SQL ``run()`` sends through the driver's cursor (not BEGIN or COMMIT)."""
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        sent.append(sql)
+
+    sa.event.listen(q.engine, "before_cursor_execute", record)
+    try:
+        run()
+    finally:
+        sa.event.remove(q.engine, "before_cursor_execute", record)
+    return sent
+
+
+def test_grouped_claim_whose_shares_fit_the_limit_is_one_statement_where_the_adapter_can(
     queue: readyq.Queue,
 ) -> None:
-    """Shares that fit the limit do not depend on each other: the locked selects leave in
-    one round trip (PostgreSQL's pipeline) instead of one per group."""
-    if not queue.adapter.commit_together_capable:
-        pytest.skip("needs a pipeline (capability commit_together_capable)")
-    for g in ("a", "b", "c"):
+    """grouped_claim_in_one_statement: the ranked groups' locked windows and the UPDATE
+    are one statement, instead of a select per group and then the UPDATE."""
+    if not queue.adapter.grouped_claim_in_one_statement:
+        pytest.skip("needs capability grouped_claim_in_one_statement")
+    for g in ("a", "b", "c", "c"):
         queue.enqueue("t", group=g)
-    seen = Recorder()
-    with readyq.Queue(queue.engine.execution_options(readyq_pipeline_observer=seen)) as q:
-        got = q.claim("w", limit=3, groups=["c", "a", "b"])
-    assert [lease.group for lease in got] == ["c", "a", "b"]
-    assert [len(p) for p in seen.statements] == [3]
-    assert all("SKIP LOCKED" in s for s in seen.statements[0])
+    got: list[readyq.Lease] = []
+    sent = _driver_statements(
+        queue, lambda: got.extend(queue.claim("w", limit=4, groups=["c", "a", "b", "c"]))
+    )
+    assert [lease.group for lease in got] == ["c", "c", "a", "b"]
+    assert len(sent) == 1, sent
+    assert "SKIP LOCKED" in sent[0], sent[0]
+    assert "UPDATE" in sent[0], sent[0]
+
+
+def test_grouped_claim_sends_a_second_statement_only_to_fill_unused_slots(
+    queue: readyq.Queue,
+) -> None:
+    """The work-conserving pass costs a statement only when a group came up short."""
+    if not queue.adapter.grouped_claim_in_one_statement:
+        pytest.skip("needs capability grouped_claim_in_one_statement")
+    for g in ("a", "a", "a"):
+        queue.enqueue("t", group=g)
+    got: list[readyq.Lease] = []
+    sent = _driver_statements(
+        queue, lambda: got.extend(queue.claim("w", limit=3, groups=["b", "a", "b"]))
+    )
+    assert [lease.group for lease in got] == ["a", "a", "a"]
+    assert len(sent) == 2, sent

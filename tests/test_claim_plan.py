@@ -148,16 +148,24 @@ def test_claim_reads_about_limit_rows_when_statistics_predate_the_backlog(
     assert _claim(explained) <= BOUND
 
 
-def test_grouped_claim_select_reads_about_its_share_beside_other_groups(
+def test_grouped_claim_reads_about_its_shares_beside_other_groups(
     explained: readyq.Queue,
 ) -> None:
-    """One group's locked select skips the other groups' ready rows by its index."""
-    _ready(explained, 3 * LIMIT, group="mine")
+    """A claim by ranked groups (the statements it really sends: one, or a locked select
+    per group then the UPDATE) skips the other groups' ready rows by the claim index."""
+    for g in ("mine", "also"):
+        _ready(explained, 3 * LIMIT, group=g)
     _ready(explained, FILLER, group="others")
     _analyze(explained)
-    select = _store._claim_select(explained.adapter, True)
-    params = {"now": explained.clock.now_us(), "n": LIMIT, "group": "mine"}
-    assert _rows_read(explained, select, params) <= BOUND
+    ad, now = explained.adapter, explained.clock.now_us()
+    ranking = ["mine", "also"] * (LIMIT // 2)
+
+    def claim(conn: Any) -> None:
+        _store.claim(conn, ad, worker_id="w", now=now, ttl_us=10**7, limit=LIMIT, groups=ranking)
+
+    sent = _statements_of(explained, claim)
+    assert any("UPDATE" in sql for sql, _ in sent), sent
+    assert sum(_sql_rows_read(explained, sql, params) for sql, params in sent) <= BOUND
 
 
 def _picked_update(q: readyq.Queue) -> tuple[Any, dict[str, Any]]:

@@ -71,6 +71,7 @@ class TestOrderAndLimits:
         assert len(q.claim("w", limit=3)) == 2
         assert q.claim("w", limit=3) == []
 
+    @pytest.mark.core
     def test_ranked_groups_come_in_rank_order(self, q: readyq.Queue) -> None:
         """With groups=[...], jobs come from the groups in the order given."""
         for g in ("a", "b", "c"):

@@ -23,10 +23,17 @@ def fill(q: readyq.Queue, n: int) -> set[int]:
     return {h.id for h in handles}
 
 
-def _drain(q: readyq.Queue, name: str, events: list[tuple[str, int, int]]) -> None:
+def _drain(
+    q: readyq.Queue,
+    name: str,
+    events: list[tuple[str, int, int]],
+    groups: list[str] | None = None,
+) -> None:
+    # By groups: one job asked of each, so the shares fit the limit (a Worker's claim).
+    limit = 2 if groups is None else len(groups)
     idle = 0
     while idle < 3:
-        leases = q.claim(name, limit=2, ttl=600)
+        leases = q.claim(name, limit=limit, ttl=600, groups=groups)
         if not leases:
             idle += 1
             continue
@@ -37,8 +44,12 @@ def _drain(q: readyq.Queue, name: str, events: list[tuple[str, int, int]]) -> No
 
 
 @pytest.mark.core
-def test_concurrent_claimers_get_disjoint_jobs(env: Env) -> None:
-    """6 threads, each on its own connection, drain 60 jobs: each job runs exactly once."""
+@pytest.mark.parametrize(
+    "groups", [None, ["g1", "g0", "g2"]], ids=["in claim order", "by ranked groups"]
+)
+def test_concurrent_claimers_get_disjoint_jobs(env: Env, groups: list[str] | None) -> None:
+    """6 threads, each on its own connection, drain 60 jobs (claiming in priority order,
+    or by a ranking of their 3 groups): each job runs exactly once."""
     q = env.queue()
     ids = fill(q, 60)
     events: list[tuple[str, int, int]] = []
@@ -46,7 +57,7 @@ def test_concurrent_claimers_get_disjoint_jobs(env: Env) -> None:
 
     def run(k: int) -> None:
         try:
-            _drain(env.queue(), f"t{k}", events)
+            _drain(env.queue(), f"t{k}", events, groups)
         except BaseException as exc:
             errors.append(exc)
 

@@ -62,6 +62,10 @@ class Adapter:
     listen_notify: ClassVar[bool] = False
     #: ``JOIN LATERAL``: a subquery evaluated per row of the join's left side.
     lateral_join: ClassVar[bool] = False
+    #: The grouped claim is one statement: :meth:`ranked_groups` joined LATERAL to each
+    #: group's locked window, under the UPDATE (needs ``claim_in_one_statement`` and
+    #: ``lateral_join``). Else one locked select per group, then the UPDATE.
+    grouped_claim_in_one_statement: ClassVar[bool] = False
     #: Reads run in autocommit: no BEGIN and ROLLBACK around them. Each statement takes
     #: its own snapshot at READ COMMITTED anyway, so only where that saves round trips.
     read_autocommit: ClassVar[bool] = False
@@ -202,6 +206,13 @@ class Adapter:
         ).where(first.c.k.is_not(None))
         walk = first.union_all(step)
         return sa.select(walk.c.k).where(walk.c.k.is_not(None)).order_by(walk.c.k)
+
+    def ranked_groups(self) -> sa.FromClause:
+        """A grouped claim's ranking as a relation ``(g, n, ord)``: the group names bound
+        as ``groups``, the jobs asked of each bound as ``ns``, and ``ord`` their rank from
+        1. One statement text for every ranking, so the server can keep its plan. Only
+        used with ``grouped_claim_in_one_statement``."""
+        raise NotImplementedError
 
     # -- errors -----------------------------------------------------------------------
 
