@@ -34,7 +34,12 @@ def _with_adapter(engine: Engine, clock: Any, **overrides: Any) -> readyq.Queue:
 
 
 def no_locking() -> Hooks:
-    """Claims without row locks (FOR UPDATE SKIP LOCKED dropped; no BEGIN IMMEDIATE)."""
+    """Claims without row locks (FOR UPDATE SKIP LOCKED dropped; no BEGIN IMMEDIATE).
+
+    A grouped claim keeps its select per group and its UPDATE apart: the simulator runs one
+    statement at a time, so two one-statement claims never overlap in it. (That race needs
+    statements running at once: the conformance suite's racing claimers.)
+    """
 
     def make(engine: Engine, clock: Any) -> readyq.Queue:
         return _with_adapter(
@@ -42,6 +47,7 @@ def no_locking() -> Hooks:
             clock,
             lock_claimable=lambda self, stmt: stmt,
             begin_write=lambda self, conn: None,
+            grouped_claim_in_one_statement=False,
         )
 
     return Hooks(make_queue=make)
