@@ -183,7 +183,7 @@ def worker_loop(url: str, worker_id: str, slots: int, poll: float, barrier: Barr
 
 
 #: The Worker's tick stages :func:`worker_stages` times (readyq/worker.py's tick).
-STAGES = ("persist", "reclaim_due", "scan", "rank", "lease", "dispatch")
+STAGES = ("collect", "reclaim_due", "scan", "rank", "persist_and_lease", "dispatch")
 
 
 def worker_stages(url: str, slots: int, poll: float, stop_after: int | None = None) -> Result:
@@ -216,7 +216,7 @@ def worker_stages(url: str, slots: int, poll: float, stop_after: int | None = No
                 finally:
                     spent[_name] += time.perf_counter() - t
                     calls[_name] += 1
-                if _name == "persist":
+                if _name in ("collect", "persist_and_lease"):
                     finished += got[0]
                     if stop_after is not None and finished >= stop_after:
                         worker.stop()

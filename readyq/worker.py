@@ -1,7 +1,8 @@
 """The Worker: reclaim -> scan -> rank -> lease -> dispatch -> persist, tick after tick.
 
-Each stage is one method, so the simulator and tests can drive them one at a time. All
-time comes from the queue's :class:`~readyq.clock.Clock`.
+Each stage is one method, so tests can drive them one at a time; a tick commits the
+results of the last round (persist) with the claim of the next (lease), in one
+transaction. All time comes from the queue's :class:`~readyq.clock.Clock`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class _Run:
     thread: threading.Thread | None = None
     outcome: tuple[str, Any] | None = None  # ("ok", result) | ("error", exc)
     settled: bool = False
+    #: Its slots are back in the limits: its handler returned (its result waits for the
+    #: tick's commit) or it ended.
+    released: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,22 +159,28 @@ class Worker:
     # -- the tick -----------------------------------------------------------------------
 
     def tick(self) -> TickReport:
-        """One pass of every stage; returns what it did."""
-        finished, lost = self.persist()
+        """One pass of every stage; returns what it did.
+
+        A tick commits once: the results of the handlers that returned are finalized in
+        the transaction that claims the next jobs (:meth:`persist_and_lease`). Their
+        slots are free for this tick's ranking, and the scan still counts their jobs as
+        running: with ``served`` not yet counting them, fair share sees each once.
+        """
+        finished, lost = self.collect()
         self.check_timeouts()
         if self._heartbeats is None:  # run() heart-beats from its own thread
             self.heartbeat_due()
         reclaimed = self.reclaim_due()
         claimed: dict[str, int] = {}
-        dispatched = 0
+        ranking: list[str] = []
         if not self._stopping.is_set():
             free = self.free_slots()  # once: the scan's cap must be the slots ranked
             ranking = self.rank(self.scan(free), free)
-            leases = self.lease(ranking)
-            for lease in leases:
-                claimed[lease.group] = claimed.get(lease.group, 0) + 1
-            dispatched = self.dispatch(leases)
-        return TickReport(reclaimed, claimed, dispatched, finished, lost)
+        done, gone, leases = self.persist_and_lease(ranking)
+        for lease in leases:
+            claimed[lease.group] = claimed.get(lease.group, 0) + 1
+        dispatched = self.dispatch(leases)
+        return TickReport(reclaimed, claimed, dispatched, finished + done, lost + gone)
 
     def reclaim_due(self) -> int:
         """Stage 1: sweep expired leases and hung jobs, every ``reclaim_every`` seconds."""
@@ -207,7 +217,8 @@ class Worker:
         with self._lock:
             local: dict[str, int] = {}
             for run in self._runs.values():
-                local[run.ctx.lease.group] = local.get(run.ctx.lease.group, 0) + 1
+                if not run.released:  # a returned run's slot is free this tick
+                    local[run.ctx.lease.group] = local.get(run.ctx.lease.group, 0) + 1
         demands = []
         active = {s.group for s in stats}
         # A group that left the backlog forgets its history; one that joins starts at the
@@ -233,6 +244,10 @@ class Worker:
         leases = self.queue.claim(
             self.worker_id, ttl=self.lease_ttl, limit=len(ranking), groups=ranking
         )
+        self._claimed(leases)
+        return leases
+
+    def _claimed(self, leases: list[Lease]) -> None:
         for lease in leases:
             self._emit(
                 "claim",
@@ -242,7 +257,6 @@ class Worker:
                 group=lease.group,
                 attempt=lease.attempt,
             )
-        return leases
 
     def dispatch(self, leases: list[Lease]) -> int:
         """Stage 5: start a handler for each lease."""
@@ -286,12 +300,13 @@ class Worker:
             run.outcome = ("error", exc)
         self._wake.set()
 
-    def persist(self) -> tuple[int, int]:
-        """Stage 6: finalize (in one transaction) or fail the runs whose handler returned."""
+    def collect(self) -> tuple[int, int]:
+        """Stage 0: settle the runs that returned an error or lost their lease (each its
+        own write), and free the slots of those that returned a result: the result waits
+        for :meth:`persist_and_lease`. Returns (finished, lost)."""
         with self._lock:
-            done = [r for r in self._runs.values() if r.outcome is not None]
+            done = [r for r in self._runs.values() if r.outcome is not None and not r.released]
         finished = lost = 0
-        results: list[_Run] = []
         for run in done:
             lease = run.ctx.lease
             assert run.outcome is not None
@@ -302,7 +317,7 @@ class Worker:
                         f"job {lease.job_id}: {run.ctx.reason}", lease.job_id, lease.token
                     )
                 if kind == "ok":
-                    results.append(run)
+                    self._release(run)
                     continue
                 permanent = isinstance(value, ReadyqError)
                 outcome = self.queue.fail(lease, value, retry=not permanent)
@@ -318,20 +333,57 @@ class Worker:
                 lost += 1
                 self._emit("lease_lost", job=lease.job_id, token=lease.token, reason=str(exc))
             self._end(run)
-        if results:
-            # One commit for every result of this tick; a failed transaction raises
-            # and leaves the runs in place, to be finalized again (replayed) next tick.
-            pairs = [(run.ctx.lease, run.outcome[1] if run.outcome else None) for run in results]
-            for run, got in zip(results, self.queue.finalize_many(pairs), strict=True):
-                lease = run.ctx.lease
-                if isinstance(got, LeaseLost):
-                    lost += 1
-                    self._emit("lease_lost", job=lease.job_id, token=lease.token, reason=str(got))
-                else:
-                    finished += 1
-                    self._emit("finalize", job=lease.job_id, token=lease.token)
-                self._end(run)
         return finished, lost
+
+    def persist_and_lease(self, ranking: list[str]) -> tuple[int, int, list[Lease]]:
+        """Stages 6 and 4 in one transaction: finalize the results :meth:`collect` set
+        aside and claim the ranked jobs (:meth:`Queue.finalize_and_claim`).
+
+        If the transaction fails it raises, nothing is recorded or claimed, and the
+        results wait for the next tick (a finalize that did commit comes back replayed).
+        Returns (finished, lost, leases).
+        """
+        with self._lock:
+            results = [r for r in self._runs.values() if r.released and not r.settled]
+        if not results:
+            return 0, 0, self.lease(ranking)
+        pairs = [(run.ctx.lease, run.outcome[1] if run.outcome else None) for run in results]
+        leases: list[Lease] = []
+        if ranking:
+            outcomes, leases = self.queue.finalize_and_claim(
+                pairs, self.worker_id, ttl=self.lease_ttl, limit=len(ranking), groups=ranking
+            )
+        else:
+            outcomes = self.queue.finalize_many(pairs)
+        finished = lost = 0
+        for run, got in zip(results, outcomes, strict=True):
+            lease = run.ctx.lease
+            if isinstance(got, LeaseLost):
+                lost += 1
+                self._emit("lease_lost", job=lease.job_id, token=lease.token, reason=str(got))
+            else:
+                finished += 1
+                self._emit("finalize", job=lease.job_id, token=lease.token)
+            self._end(run)
+        self._claimed(leases)
+        return finished, lost, leases
+
+    def persist(self) -> tuple[int, int]:
+        """Stage 6 alone: finalize (in one transaction) or fail the runs whose handler
+        returned. Returns (finished, lost)."""
+        finished, lost = self.collect()
+        done, gone, _ = self.persist_and_lease([])
+        return finished + done, lost + gone
+
+    def _release(self, run: _Run) -> None:
+        """Give a run's slots back to the limits, once."""
+        with self._lock:
+            if run.released:
+                return
+            run.released = True
+        now = self._clock.monotonic()
+        for limit in self.limits:
+            limit.release(run.ctx.lease, now)
 
     def _end(self, run: _Run) -> None:
         """A run's slot ends exactly once, whatever happened to its lease."""
@@ -342,9 +394,7 @@ class Worker:
             self._runs.pop(run.ctx.lease.job_id, None)
             group = run.ctx.lease.group
             self._served[group] = self._served.get(group, 0) + 1
-        now = self._clock.monotonic()
-        for limit in self.limits:
-            limit.release(run.ctx.lease, now)
+        self._release(run)
 
     def check_timeouts(self) -> None:
         """Abandon runs past their hang deadline: their late result will be rejected."""
@@ -353,6 +403,8 @@ class Worker:
             runs = list(self._runs.values())
         for run in runs:
             deadline = run.ctx.lease.deadline_us
+            if run.released:
+                continue  # it returned in time; its result commits this tick
             if deadline is not None and now_us > deadline and not run.ctx.lost.is_set():
                 run.ctx.lose("timed out")
                 self._emit("timeout", job=run.ctx.job_id, token=run.ctx.token)

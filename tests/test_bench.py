@@ -180,4 +180,4 @@ def test_profile_times_every_worker_stage(
     assert set(worker["stages"]) == set(STAGES)
     assert worker["ticks"] >= worker["jobs"] / worker["slots"]
     assert all(st["ms_per_tick"] >= 0 for st in worker["stages"].values())
-    assert worker["stages"]["lease"]["ms_per_tick"] > 0
+    assert worker["stages"]["persist_and_lease"]["ms_per_tick"] > 0

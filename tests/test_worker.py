@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 import readyq
 from readyq import Concurrency, Handlers, InvalidJob, JobState, RateLimit, Worker
@@ -164,6 +165,74 @@ class TestTick:
             worst = max(worst, *(abs(served[n] - total * w / 8) for n, w in weights.items()))
         assert worst < 1.5, f"lag {worst:.2f} with {dict(served)}"
         assert served["c"] > served["b"] > served["a"] > 0
+
+
+class TestOneCommitPerTick:
+    def test_results_commit_with_the_next_claim(self, queue: readyq.Queue) -> None:
+        """A tick that finalizes returned results and claims new jobs commits once."""
+        for i in range(4):
+            queue.enqueue("ok", {"n": i}, group=f"g{i % 2}")
+        w = Worker(queue, {"ok": ok}, limits=[Concurrency(2)], reclaim_every=3600)
+        w.tick()  # claims two (and runs the first sweep)
+        settle(w)
+        commits: list[object] = []
+
+        def commit(conn: object) -> None:
+            commits.append(conn)
+
+        sa.event.listen(queue.engine, "commit", commit)
+        try:
+            report = w.tick()
+        finally:
+            sa.event.remove(queue.engine, "commit", commit)
+        settle(w)
+        assert (report.finished, report.dispatched) == (2, 2)
+        assert len(commits) == 1
+
+    def test_results_of_a_failed_commit_are_finalized_on_the_next_tick(
+        self, queue: readyq.Queue
+    ) -> None:
+        """If the tick's transaction fails nothing is lost: the results commit next tick,
+        and each run's slot is given back once."""
+        for i in range(4):
+            queue.enqueue("ok", {"n": i})
+        limit = Concurrency(2)
+        w = Worker(queue, {"ok": ok}, limits=[limit], reclaim_every=3600)
+        first = w.tick()
+        settle(w)
+        real = queue.finalize_and_claim
+
+        def cut(*args: Any, **kwargs: Any) -> Any:
+            queue.finalize_and_claim = real  # type: ignore[method-assign]
+            raise sa.exc.OperationalError("COMMIT", {}, ConnectionError("connection cut"))
+
+        queue.finalize_and_claim = cut  # type: ignore[method-assign]
+        with pytest.raises(sa.exc.OperationalError):
+            w.tick()
+        assert (limit.held, w.running) == (0, 2)  # returned: slots free, results pending
+        report = w.tick()
+        settle(w)
+        assert (first.dispatched, report.finished, report.dispatched) == (2, 2, 2)
+        assert (limit.held, w.running) == (2, 2)
+        assert queue.counts()["done"] == 2
+
+    def test_a_result_returned_before_its_deadline_is_not_timed_out(
+        self,
+        make_queue,
+        clock,  # type: ignore[no-untyped-def]
+    ) -> None:
+        """A handler that returned in time is finalized even if the tick that commits its
+        result comes after the deadline: no timeout event, the job is done."""
+        q = make_queue(clock)
+        job = q.enqueue("ok", timeout=1.0)
+        events: list[str] = []
+        w = Worker(q, {"ok": ok}, reclaim_every=3600, hooks=[lambda e, f: events.append(e)])
+        w.tick()
+        settle(w)
+        clock.advance(5.0)
+        w.tick()
+        assert "timeout" not in events
+        assert q.get(job).state == S.DONE
 
 
 class TestLimits:
