@@ -167,27 +167,28 @@ def _pick(conn: Connection, ad: Adapter, now: int, limit: int, groups: Sequence[
     return picked
 
 
-@functools.lru_cache(maxsize=16)
-def _claim_ranked(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]]) -> Any:
+@functools.lru_cache(maxsize=64)
+def _claim_ranked(
+    ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]], unless_boxed: int = 0
+) -> Any:
     """The grouped claim as one statement: each ranked group ``(g, n, ord)`` joins
     LATERAL its first ``n`` ready rows (locked, skipping rows locked by others), and the
     UPDATE leases them all; ``ord`` comes back to put the leases in ranked order.
 
     One text for every ranking, so it is prepared once. (A CTE per group and pass, 20 for
     10 groups, was planned again on every execution: docs/benchmarks.md, session 5.)
-    MATERIALIZED and the joined UPDATE: as in :func:`_claim_one_statement`.
+    MATERIALIZED, the joined UPDATE and ``unless_boxed``: as in
+    :func:`_claim_one_statement`.
     """
     want = ad.ranked_groups()
-    window = ad.lock_claimable(
-        sa.select(c.id)
-        .where(
-            c.state == S.READY.value,
-            c.run_after_us <= sa.bindparam("now"),
-            c.group_key == want.c.g,
-        )
-        .order_by(*_ORDER)
-        .limit(want.c.n)
-    ).lateral("window")
+    ready = sa.select(c.id).where(
+        c.state == S.READY.value,
+        c.run_after_us <= sa.bindparam("now"),
+        c.group_key == want.c.g,
+    )
+    if unless_boxed:
+        ready = ready.where(_none_boxed(unless_boxed))
+    window = ad.lock_claimable(ready.order_by(*_ORDER).limit(want.c.n)).lateral("window")
     picked = (
         sa.select(window.c.id, want.c.ord)
         .select_from(want.join(window, sa.true()))
@@ -211,21 +212,41 @@ def _claim_ranked_rows(
     """:func:`claim` by ranked groups whose shares fit ``limit``, with
     :func:`_claim_ranked`: the same jobs, in the same order, as :func:`_pick`."""
     wanted = _wanted(groups)
+    rows = list(conn.execute(_claim_ranked(ad, _guard), _ranked_params(params, wanted)))
+    rows, more = _first_pass(rows, wanted, limit)
+    return rows if more is None else rows + _top_up_rows(conn, ad, more, params)
+
+
+def _ranked_params(params: dict[str, Any], wanted: dict[str, int]) -> dict[str, Any]:
+    return {**params, "groups": list(wanted), "ns": list(wanted.values())}
+
+
+def _first_pass(
+    rows: Iterable[Any], wanted: dict[str, int], limit: int
+) -> tuple[list[Any], TopUp | None]:
+    """The ranked claim's rows in ranked order, and what its second pass offers: the
+    slots left, to the groups that got all they asked for."""
     names = list(wanted)
-    stmt = _claim_ranked(ad, _guard)
-    rows = list(conn.execute(stmt, {**params, "groups": names, "ns": list(wanted.values())}))
     got = dict.fromkeys(names, 0)
     for r in rows:
         got[names[r.ord - 1]] += 1
-    rows.sort(key=lambda r: (r.ord, *_claim_order(r)))
-    # Slots a group could not fill go, in ranked order, to the groups that filled theirs;
-    # the rows leased above are no longer ready, so each extra claim skips them.
-    for g in [g for g in names if got[g] == wanted[g]]:
-        n = limit - len(rows)
+    ordered = sorted(rows, key=lambda r: (r.ord, *_claim_order(r)))
+    full = [g for g in names if got[g] == wanted[g]]
+    left = limit - len(ordered)
+    return ordered, (TopUp(full, left) if full and left > 0 else None)
+
+
+def _top_up_rows(conn: Connection, ad: Adapter, more: TopUp, params: dict[str, Any]) -> list[Any]:
+    """The second pass: slots a group could not fill go, in ranked order, to the groups
+    that filled theirs. The rows leased before are no longer ready: each claim skips
+    them."""
+    rows: list[Any] = []
+    for g in more.groups:
+        n = more.slots - len(rows)
         if n <= 0:
             break
-        more = list(conn.execute(stmt, {**params, "groups": [g], "ns": [n]}))
-        rows += sorted(more, key=_claim_order)
+        got = conn.execute(_claim_ranked(ad, _guard), {**params, "groups": [g], "ns": [n]})
+        rows += sorted(got, key=_claim_order)
     return rows
 
 
@@ -261,8 +282,7 @@ def claim(
     if groups is None and ad.claim_in_one_statement:
         rows = list(conn.execute(_claim_one_statement(ad, _guard), params))
         return _claimed(rows, worker_id, now + ttl_us)
-    if groups is not None and ad.grouped_claim_in_one_statement and len(groups) <= limit:
-        # Shares that fit the limit: no group's LIMIT depends on what the ones before found.
+    if groups is not None and _claim_is_one_statement(ad, groups, limit):
         rows = _claim_ranked_rows(conn, ad, params, limit, groups)
         return _leases(rows, worker_id, now + ttl_us)
     if groups is None:
@@ -554,15 +574,32 @@ def finalize_and_claim(
 
 
 def commits_at_once(
-    ad: Adapter, engine: sa.Engine, *, claims: bool, groups: Sequence[str] | None
+    ad: Adapter, engine: sa.Engine, *, claims: bool, groups: Sequence[str] | None, limit: int = 1
 ) -> bool:
     """Whether :func:`finalize_at_once` may do this finalize (and claim)."""
     return (
         ad.commit_together_capable
         and ad.update_in_cte
         and pipeline_allowed(engine)
-        and (not claims or (groups is None and ad.claim_in_one_statement))
+        and (not claims or _claim_is_one_statement(ad, groups, limit))
     )
+
+
+def _claim_is_one_statement(ad: Adapter, groups: Sequence[str] | None, limit: int) -> bool:
+    """Whether this claim's first pass is one self-guarding statement."""
+    if groups is None:
+        return ad.claim_in_one_statement
+    # Shares that fit the limit: no group's LIMIT depends on what the ones before found.
+    return ad.grouped_claim_in_one_statement and len(groups) <= limit
+
+
+@dataclass(frozen=True)
+class TopUp:
+    """Slots a ranked claim sent with a finalize left free although ranked groups were
+    full: :func:`top_up` offers them to those groups, in ranked order."""
+
+    groups: list[str]
+    slots: int
 
 
 def finalize_at_once(
@@ -571,21 +608,31 @@ def finalize_at_once(
     items: Sequence[tuple[Lease, str]],
     *,
     now: int,
-    claim: tuple[str, int, int] | None = None,
-) -> tuple[list[Outcome | LeaseLost], list[Lease]] | None:
-    """:func:`finalize_many` and, with ``claim`` = (worker_id, ttl_us, limit), the
-    one-statement claim, as one transaction of their own that commits in the same round
-    trip (:meth:`Adapter.commit_together`; ``conn`` is in autocommit).
+    claim: tuple[str, int, int, Sequence[str] | None] | None = None,
+) -> tuple[list[Outcome | LeaseLost], list[Lease], TopUp | None] | None:
+    """:func:`finalize_many` and, with ``claim`` = (worker_id, ttl_us, limit, groups), the
+    claim's one-statement first pass, as one transaction of their own that commits in the
+    same round trip (:meth:`Adapter.commit_together`; ``conn`` is in autocommit).
+
+    A ranked claim's second pass cannot ride along (it depends on the first one's rows):
+    what it would offer comes back as a :class:`TopUp`, or None.
 
     None, having changed nothing, when one of the jobs is inside a container (its
     roll-up takes statements that depend on this one's rows) or the connection cannot:
     run :func:`finalize_and_claim` in a transaction then.
     """
     sent = _settle_sent(ad, items, now, unless_boxed=True)
+    wanted: dict[str, int] | None = None
     if claim is not None:
-        params = _claim_params(claim[0], now, claim[1], claim[2])
+        worker_id, ttl_us, limit, groups = claim
+        params = _claim_params(worker_id, now, ttl_us, limit)
         params.update(id_values("id", [lease.job_id for lease, _ in items]))
-        sent.append((_claim_one_statement(ad, _guard, len(items)), params))
+        if groups is None:
+            sent.append((_claim_one_statement(ad, _guard, len(items)), params))
+        else:
+            wanted = _wanted(groups)
+            stmt = _claim_ranked(ad, _guard, len(items))
+            sent.append((stmt, _ranked_params(params, wanted)))
     results = ad.commit_together(conn, sent)
     if results is None:
         return None
@@ -595,8 +642,22 @@ def finalize_at_once(
             raise UnsupportedDatabase("finalize_at_once wrote jobs inside a container")
         return None
     out = _settle(conn, ad, items, results[:2], now=now)  # no container: no more statements
-    leases = [] if claim is None else _claimed(results[2], claim[0], now + claim[1])
-    return out, leases
+    if claim is None:
+        return out, [], None
+    expires = now + claim[1]
+    if wanted is None:
+        return out, _claimed(results[2], claim[0], expires), None
+    rows, more = _first_pass(results[2], wanted, claim[2])
+    return out, _leases(rows, claim[0], expires), more
+
+
+def top_up(
+    conn: Connection, ad: Adapter, more: TopUp, *, worker_id: str, now: int, ttl_us: int
+) -> list[Lease]:
+    """A ranked claim's second pass, after :func:`finalize_at_once` (in a transaction:
+    a rerun after a conflict must not keep the leases of a first try)."""
+    params = _claim_params(worker_id, now, ttl_us, more.slots)
+    return _leases(_top_up_rows(conn, ad, more, params), worker_id, now + ttl_us)
 
 
 def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: int) -> Outcome:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -19,6 +20,8 @@ from .retry import Backoff
 from .schema import deps, jobs, metadata
 
 __all__ = ["Queue"]
+
+log = logging.getLogger("readyq")
 
 R = TypeVar("R")
 c = jobs.c
@@ -424,6 +427,21 @@ class Queue:
             return (self._settle(items, None)[0] if items else []), []
         return self._settle(items, (worker_id, ttl_us, limit, claim_groups))
 
+    def _top_up(self, more: _store.TopUp, worker_id: str, ttl_us: int) -> list[Lease]:
+        """The second pass of a ranked claim that committed with its finalize: slots the
+        first left free, offered to the groups that were full. Its own claims: if it
+        fails, the results and the leases already taken stand, and the error is logged
+        (raising would strand those leases until their TTL)."""
+        try:
+            return self._write(
+                lambda conn, ad, now: _store.top_up(
+                    conn, ad, more, worker_id=worker_id, now=now, ttl_us=ttl_us
+                )
+            )
+        except sa.exc.DBAPIError as exc:
+            log.warning("claim top-up failed, %d slots left free this round: %r", more.slots, exc)
+            return []
+
     def _settle(
         self,
         items: list[tuple[Lease, str]],
@@ -436,18 +454,23 @@ class Queue:
             return r is not None and any(isinstance(o, Outcome) and o.dependents for o in r[0])
 
         groups = None if claim is None else claim[3]
+        limit = 1 if claim is None else claim[2]
         at_once = _store.commits_at_once(
-            self.adapter, self.engine, claims=bool(claim), groups=groups
+            self.adapter, self.engine, claims=bool(claim), groups=groups, limit=limit
         )
         if items and at_once:
-            also = None if claim is None else claim[:3]
             got = self._write(
-                lambda conn, ad, now: _store.finalize_at_once(conn, ad, items, now=now, claim=also),
+                lambda conn, ad, now: _store.finalize_at_once(
+                    conn, ad, items, now=now, claim=claim
+                ),
                 autocommit=True,
-                notify=promoted,
+                notify=lambda r: promoted(None if r is None else r[:2]),
             )
             if got is not None:
-                return got
+                out, leases, more = got
+                if more is not None and claim is not None:
+                    leases += self._top_up(more, claim[0], claim[1])
+                return out, leases
 
         def run(
             conn: Connection, ad: dialects.Adapter, now: int

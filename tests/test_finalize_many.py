@@ -8,8 +8,13 @@ import pytest
 import sqlalchemy as sa
 
 import readyq
-from readyq import InvalidJob, JobState, LeaseLost, Outcome
+from readyq import InvalidJob, JobState, LeaseLost, Outcome, _store
 from readyq.schema import jobs
+
+try:
+    from tests.observers import Recorder
+except ImportError:  # pragma: no cover - tests/ on sys.path instead
+    from observers import Recorder  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.backend
 
@@ -212,6 +217,66 @@ class TestFinalizeAndClaim:
             JobState.RUNNING,
             JobState.READY,
         )
+
+    def test_ranked_claim_gives_unused_slots_to_groups_with_more(self, q: readyq.Queue) -> None:
+        """By ranked groups, as claim() does: a slot group "b" cannot use goes to "a"."""
+        (lease,) = leased(q, 1)
+        for _ in range(3):
+            q.enqueue("t", group="a")
+        _, nxt = q.finalize_and_claim([(lease, None)], "w", limit=2, groups=["b", "a"])
+        assert [x.group for x in nxt] == ["a", "a"]
+
+    def test_ranked_claim_leaves_with_the_results_where_the_adapter_can(
+        self, q: readyq.Queue
+    ) -> None:
+        """grouped_claim_in_one_statement and a pipeline: the results, the ranked claim and
+        the COMMIT leave in one round trip."""
+        if not _store.commits_at_once(q.adapter, q.engine, claims=True, groups=["a"], limit=1):
+            pytest.skip("needs commit_together and grouped_claim_in_one_statement")
+        (lease,) = leased(q, 1)
+        q.enqueue("t", group="a")
+        seen = Recorder()
+        with readyq.Queue(q.engine.execution_options(readyq_pipeline_observer=seen)) as obs:
+            _, nxt = obs.finalize_and_claim([(lease, None)], "w", limit=1, groups=["a"])
+        assert [x.group for x in nxt] == ["a"]
+        assert len(seen.statements) == 1, seen.statements
+        assert seen.statements[0][-1].strip().upper() == "COMMIT"
+        assert any("SKIP LOCKED" in sql for sql in seen.statements[0])
+
+    def test_a_failed_top_up_keeps_the_results_and_the_leases_taken(
+        self, q: readyq.Queue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """After the results and the first pass committed together, the second pass is
+        its own transaction: if it fails, what committed stands and the error is logged."""
+        if not _store.commits_at_once(q.adapter, q.engine, claims=True, groups=["a"], limit=1):
+            pytest.skip("needs commit_together and grouped_claim_in_one_statement")
+        (lease,) = leased(q, 1)
+        for _ in range(3):
+            q.enqueue("t", group="a")
+
+        def cut(*args: object, **kwargs: object) -> None:
+            raise sa.exc.OperationalError("UPDATE", {}, ConnectionError("connection cut"))
+
+        monkeypatch.setattr(_store, "top_up", cut)
+        out, nxt = q.finalize_and_claim([(lease, None)], "w", limit=2, groups=["b", "a"])
+        assert [o.state for o in out] == [JobState.DONE]
+        assert [x.group for x in nxt] == ["a"]
+        assert q.get(nxt[0].job_id).state == JobState.RUNNING
+        assert "top-up failed" in caplog.text
+
+    def test_ranked_claim_after_the_last_child_of_a_container_rolls_it_up(
+        self, q: readyq.Queue
+    ) -> None:
+        """A result inside a container takes the transaction path (its roll-up needs more
+        statements): the container is done, the ranked claim leases, nothing twice."""
+        with q.graph() as g:
+            box = g.add("box", container=True)
+            g.add("child", parent=box, group="a")
+        (lease,) = q.claim("w")
+        other = q.enqueue("t", group="a")
+        _, nxt = q.finalize_and_claim([(lease, None)], "w", limit=1, groups=["a"])
+        assert [x.job_id for x in nxt] == [other]
+        assert q.get(box.id).state == JobState.DONE
 
     def test_no_results_is_a_plain_claim(self, q: readyq.Queue) -> None:
         """The first round has nothing to finalize."""

@@ -108,8 +108,8 @@ class PostgreSQLAdapter(Adapter):
         # Two arrays, unnested side by side: any number of groups binds as two values.
         return (
             sa.func.unnest(
-                sa.bindparam("groups", type_=sa.ARRAY(sa.Text())),
-                sa.bindparam("ns", type_=sa.ARRAY(sa.Integer())),
+                sa.bindparam("groups", type_=_Array("TEXT")),
+                sa.bindparam("ns", type_=_Array("INTEGER")),
             )
             .table_valued("g", "n", with_ordinality="ord")
             .render_derived()
@@ -210,6 +210,20 @@ def _can_pipeline(driver: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
+class _Array(sa.types.UserDefinedType[list[Any]]):
+    """A list bound as a PostgreSQL array, cast in the SQL (``%(x)s::TEXT[]``). Unlike
+    ``sa.ARRAY`` it has no bind processor, so its statement may travel in a pipeline."""
+
+    cache_ok = True
+    render_bind_cast = True
+
+    def __init__(self, item: str) -> None:
+        self.item = item
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return f"{self.item}[]"
+
+
 def _compiled(stmt: sa.Executable, dialect: sa.Dialect) -> Any:
     """The statement compiled for sending without SQLAlchemy's execution, or None when it
     binds a value through a bind processor (the raw value would reach the server)."""
