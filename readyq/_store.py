@@ -222,7 +222,7 @@ def _ranked_params(params: dict[str, Any], wanted: dict[str, int]) -> dict[str, 
 
 
 def _first_pass(
-    rows: Iterable[Any], wanted: dict[str, int], limit: int
+    rows: Sequence[Any], wanted: dict[str, int], limit: int
 ) -> tuple[list[Any], TopUp | None]:
     """The ranked claim's rows in ranked order, and what its second pass offers: the
     slots left, to the groups that got all they asked for."""
