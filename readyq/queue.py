@@ -450,7 +450,8 @@ class Queue:
         """Finalize ``items`` and, with ``claim`` = (worker_id, ttl_us, limit, groups),
         claim: one transaction, sent in one round trip where the adapter can."""
 
-        def promoted(r: tuple[list[Outcome | LeaseLost], list[Lease]] | None) -> bool:
+        def promoted(r: tuple[Any, ...] | None) -> bool:
+            """Whether some result promoted dependents (``r[0]``: the outcomes)."""
             return r is not None and any(isinstance(o, Outcome) and o.dependents for o in r[0])
 
         groups = None if claim is None else claim[3]
@@ -464,7 +465,7 @@ class Queue:
                     conn, ad, items, now=now, claim=claim
                 ),
                 autocommit=True,
-                notify=lambda r: promoted(None if r is None else r[:2]),
+                notify=promoted,
             )
             if got is not None:
                 out, leases, more = got
