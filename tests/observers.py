@@ -1,8 +1,31 @@
-"""A pipeline observer for tests (``readyq_pipeline_observer``), importable anywhere."""
+"""What readyq sends, for tests, importable anywhere: a pipeline observer
+(``readyq_pipeline_observer``) and a recorder of the statements sent through the
+driver's cursor."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
+
+import sqlalchemy as sa
+
+
+@contextlib.contextmanager
+def cursor_statements(target: Any) -> Iterator[list[tuple[str, Any]]]:
+    """The SQL and parameters sent through the driver's cursor on ``target`` (an engine
+    or a connection) inside the block, as the driver got them. Not BEGIN or COMMIT, and
+    not statements sent in a pipeline (see :class:`Recorder`)."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, sql: str, params: Any, *args: Any) -> None:
+        sent.append((sql, params))
+
+    sa.event.listen(target, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        sa.event.remove(target, "before_cursor_execute", record)
 
 
 class Recorder:

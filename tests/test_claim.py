@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import readyq
 from readyq import InvalidJob, JobState
+
+try:
+    from tests.observers import cursor_statements
+except ImportError:  # pragma: no cover - tests/ on sys.path instead
+    from observers import cursor_statements  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.backend
 
@@ -204,21 +208,6 @@ class TestClaimTransaction:
         assert seen["claim"] == {False}
 
 
-def _driver_statements(q: readyq.Queue, run: Any) -> list[str]:
-    """The SQL ``run()`` sends through the driver's cursor (not BEGIN or COMMIT)."""
-    sent: list[str] = []
-
-    def record(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
-        sent.append(sql)
-
-    sa.event.listen(q.engine, "before_cursor_execute", record)
-    try:
-        run()
-    finally:
-        sa.event.remove(q.engine, "before_cursor_execute", record)
-    return sent
-
-
 def test_grouped_claim_whose_shares_fit_the_limit_is_one_statement_where_the_adapter_can(
     queue: readyq.Queue,
 ) -> None:
@@ -228,10 +217,9 @@ def test_grouped_claim_whose_shares_fit_the_limit_is_one_statement_where_the_ada
         pytest.skip("needs capability grouped_claim_in_one_statement")
     for g in ("a", "b", "c", "c"):
         queue.enqueue("t", group=g)
-    got: list[readyq.Lease] = []
-    sent = _driver_statements(
-        queue, lambda: got.extend(queue.claim("w", limit=4, groups=["c", "a", "b", "c"]))
-    )
+    with cursor_statements(queue.engine) as recorded:
+        got = queue.claim("w", limit=4, groups=["c", "a", "b", "c"])
+    sent = [sql for sql, _ in recorded]
     assert [lease.group for lease in got] == ["c", "c", "a", "b"]
     assert len(sent) == 1, sent
     assert "SKIP LOCKED" in sent[0], sent[0]
@@ -246,9 +234,8 @@ def test_grouped_claim_sends_a_second_statement_only_to_fill_unused_slots(
         pytest.skip("needs capability grouped_claim_in_one_statement")
     for g in ("a", "a", "a"):
         queue.enqueue("t", group=g)
-    got: list[readyq.Lease] = []
-    sent = _driver_statements(
-        queue, lambda: got.extend(queue.claim("w", limit=3, groups=["b", "a", "b"]))
-    )
+    with cursor_statements(queue.engine) as recorded:
+        got = queue.claim("w", limit=3, groups=["b", "a", "b"])
+    sent = [sql for sql, _ in recorded]
     assert [lease.group for lease in got] == ["a", "a", "a"]
     assert len(sent) == 2, sent

@@ -26,6 +26,11 @@ import readyq
 from readyq import _dag, _guards, _scan, _store
 from readyq.schema import jobs
 
+try:
+    from tests.observers import cursor_statements
+except ImportError:  # pragma: no cover - tests/ on sys.path instead
+    from observers import cursor_statements  # type: ignore[no-redef]
+
 pytestmark = pytest.mark.backend
 
 FILLER = 3000
@@ -204,14 +209,9 @@ def test_sqlite_claim_update_reaches_the_picked_rows_by_primary_key(queue: ready
 
 def _statements_of(q: readyq.Queue, run: Any) -> list[tuple[str, Any]]:
     """The statements ``run(conn)`` sends, as the driver got them (then rolled back)."""
-    sent: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, sql: str, params: Any, *args: Any) -> None:
-        sent.append((sql, params))
-
     with q.engine.connect() as conn, conn.begin() as tx:
-        sa.event.listen(conn, "before_cursor_execute", record)
-        run(conn)
+        with cursor_statements(conn) as sent:
+            run(conn)
         tx.rollback()
     return sent
 
