@@ -278,6 +278,27 @@ class TestFinalizeAndClaim:
         assert [x.job_id for x in nxt] == [other]
         assert q.get(box.id).state == JobState.DONE
 
+    @pytest.mark.parametrize("groups", [None, ["a"]], ids=["plain claim", "ranked claim"])
+    def test_promoting_dependents_notifies_listeners(
+        self, q: readyq.Queue, groups: list[str] | None
+    ) -> None:
+        """A result that makes a dependent ready wakes listening workers (PostgreSQL)."""
+        if not q.adapter.listen_notify:
+            pytest.skip("needs capability listen_notify")
+        parent = q.enqueue("p", group="a")
+        q.enqueue("c", after=[parent], group="a")
+        (lease,) = q.claim("w")
+        raw = q.engine.raw_connection()
+        try:
+            listener = raw.driver_connection
+            listener.autocommit = True
+            listener.execute(f"LISTEN {q.channel}")
+            q.finalize_and_claim([(lease, None)], "w", groups=groups)
+            heard = list(listener.notifies(timeout=5, stop_after=1))
+        finally:
+            raw.invalidate()
+        assert [n.channel for n in heard] == [q.channel]
+
     def test_no_results_is_a_plain_claim(self, q: readyq.Queue) -> None:
         """The first round has nothing to finalize."""
         job = q.enqueue("t")
