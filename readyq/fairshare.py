@@ -39,8 +39,10 @@ then the heavier group, then the smaller name. This is worst-case fair weighted 
 start check) is *not* within one slot: with weights 51 and 49 x 1, the heavy group takes the
 first 50 slots when its fair share is 25.5.
 
-Arithmetic uses exact :class:`fractions.Fraction` values, and the groups are sorted by name
-first. So the result does not depend on the order of ``groups`` or on float rounding.
+Arithmetic is exact: the weights are scaled to integers in the same ratios (a float is a
+binary fraction), and every comparison of virtual times is a comparison of integers. The
+groups are sorted by name first. So the result does not depend on the order of ``groups``
+or on float rounding.
 
 Guarantees
 ----------
@@ -101,7 +103,6 @@ import heapq
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from itertools import pairwise
 
 __all__ = ["GroupDemand", "fair_share", "group_weight"]
@@ -166,32 +167,58 @@ def group_weight(weights: Iterable[float]) -> float:
     return best
 
 
+def _virtual_scale(weights: Sequence[float]) -> tuple[list[int], list[int], int]:
+    """Integers that compare virtual times ``x / w_i`` exactly: ``(W, M, L)``.
+
+    ``W_i`` are the weights scaled to integers in the same ratios (exact: a float is a
+    binary fraction), ``L`` their least common multiple and ``M_i = L / W_i``. Then
+    ``x / w_i`` and ``x * M_i`` order alike, for every group, with no division: the rule
+    runs on ints, several times faster than on :class:`~fractions.Fraction` values.
+    """
+    ratios = [w.as_integer_ratio() for w in weights]
+    denominator = math.lcm(*(d for _, d in ratios))
+    scaled = [n * (denominator // d) for n, d in ratios]
+    common = math.gcd(*scaled)
+    scaled = [w // common for w in scaled]
+    multiple = math.lcm(*scaled)
+    return scaled, [multiple // w for w in scaled], multiple
+
+
 def _share_levels(
-    usage: Sequence[int], caps: Sequence[int], weights: Sequence[Fraction], slots: int
-) -> list[Fraction]:
+    usage: Sequence[int],
+    caps: Sequence[int],
+    weights: Sequence[int],
+    scale: Sequence[int],
+    *,
+    multiple: int,
+    slots: int,
+) -> list[tuple[int, int]]:
     """Return the fair-share level ``theta`` for ``n + 1, ..., n + slots`` total slots.
 
     ``theta(T)`` is the unique level with ``sum(min(theta * w_i, c_i)) = T``. The groups sort
     once by the level ``c_i / w_i`` at which they reach their cap. Then one pass over ``T``
     moves groups from the growing part into the capped part. The caller ensures
     ``n + slots <= sum(caps)``, so some weight always stays uncapped.
+
+    Each level is ``(num, den)``: ``theta`` in :func:`_virtual_scale`'s units is
+    ``num / den``, so a virtual time ``v`` (those units, an int) is below it iff
+    ``v * den < num``.
     """
-    order = sorted(range(len(caps)), key=lambda i: (Fraction(caps[i]) / weights[i], i))
+    order = sorted(range(len(caps)), key=lambda i: (caps[i] * scale[i], i))
     capped_slots = 0
-    free_weight = sum(weights, Fraction(0))
+    free_weight = sum(weights)
     nxt = 0
-    levels: list[Fraction] = []
+    levels: list[tuple[int, int]] = []
     total = sum(usage)
     for step in range(1, slots + 1):
-        target = total + step
-        level = (target - capped_slots) / free_weight
-        while nxt < len(order) and level > caps[order[nxt]] / weights[order[nxt]]:
+        over = (total + step - capped_slots) * multiple
+        while nxt < len(order) and over > caps[order[nxt]] * scale[order[nxt]] * free_weight:
             i = order[nxt]
             capped_slots += caps[i]
             free_weight -= weights[i]
             nxt += 1
-            level = (target - capped_slots) / free_weight
-        levels.append(level)
+            over = (total + step - capped_slots) * multiple
+        levels.append((over, free_weight))
     return levels
 
 
@@ -213,24 +240,22 @@ def fair_share(groups: Sequence[GroupDemand], free: int) -> list[str]:
     if slots == 0:
         return []
 
-    weights = [Fraction(g.weight) for g in ordered]
+    weights, scale, multiple = _virtual_scale([g.weight for g in ordered])
     usage = [g.running + g.served for g in ordered]
     caps = [u + g.ready for u, g in zip(usage, ordered, strict=True)]
-    levels = _share_levels(usage, caps, weights, slots)
+    levels = _share_levels(usage, caps, weights, scale, multiple=multiple, slots=slots)
 
     given = [0] * len(ordered)
     # Groups with ready jobs that are not yet eligible, keyed by virtual start (u + a) / w.
-    waiting: list[tuple[Fraction, int]] = [
-        (Fraction(usage[i]) / weights[i], i) for i, g in enumerate(ordered) if g.ready > 0
-    ]
+    waiting = [(usage[i] * scale[i], i) for i, g in enumerate(ordered) if g.ready > 0]
     heapq.heapify(waiting)
     # Eligible groups, keyed by (virtual finish, heavier first, name): a total order.
-    eligible: list[tuple[Fraction, Fraction, str, int]] = []
+    eligible: list[tuple[int, int, str, int]] = []
     ranking: list[str] = []
-    for level in levels:
-        while waiting and waiting[0][0] < level:
+    for over, under in levels:
+        while waiting and waiting[0][0] * under < over:
             _, i = heapq.heappop(waiting)
-            finish = (usage[i] + given[i] + 1) / weights[i]
+            finish = (usage[i] + given[i] + 1) * scale[i]
             heapq.heappush(eligible, (finish, -weights[i], ordered[i].name, i))
         # Non-empty: sum(u + a) = n + j - 1 < n + j = sum(s(n + j)), so some group with a
         # ready job left has u + a < s <= theta * w, i.e. virtual start below theta.
@@ -239,5 +264,5 @@ def fair_share(groups: Sequence[GroupDemand], free: int) -> list[str]:
         ranking.append(name)
         given[i] += 1
         if given[i] < ordered[i].ready:
-            heapq.heappush(waiting, (Fraction(usage[i] + given[i]) / weights[i], i))
+            heapq.heappush(waiting, ((usage[i] + given[i]) * scale[i], i))
     return ranking
