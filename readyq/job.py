@@ -216,13 +216,17 @@ def _check_json(value: object, where: str, depth: int = 0) -> None:
     )
 
 
+#: One encoder for every payload: ``json.dumps`` with options builds a new one per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_payload(value: object, what: str) -> str:
     """Validate a JSON object payload (args or result) and encode it. Never pickles."""
     if not isinstance(value, dict):
         raise InvalidJob(f"{what} must be a dict (a JSON object), not {type(value).__name__}")
     _check_json(value, what)
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _ENCODER.encode(value)
     except ValueError as exc:  # e.g. an int longer than sys.get_int_max_str_digits()
         raise InvalidJob(f"{what} cannot be encoded as JSON: {exc}") from None
     if len(text.encode()) > MAX_PAYLOAD_BYTES:

@@ -147,12 +147,13 @@ class Worker:
 
     def _emit(self, event: str, **fields: Any) -> None:
         fields = {"worker": self.worker_id, **fields}
-        log.info(
-            "%s %s",
-            event,
-            " ".join(f"{k}={v}" for k, v in fields.items()),
-            extra={"readyq_event": event, "readyq": fields},
-        )
+        if log.isEnabledFor(logging.INFO):  # formatting costs more than the event, per job
+            log.info(
+                "%s %s",
+                event,
+                " ".join(f"{k}={v}" for k, v in fields.items()),
+                extra={"readyq_event": event, "readyq": fields},
+            )
         for hook in self.hooks:
             hook(event, fields)
 
