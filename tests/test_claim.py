@@ -208,19 +208,33 @@ class TestClaimTransaction:
         assert seen["claim"] == {False}
 
 
+def _claim_sending(
+    queue: readyq.Queue, capability: str, enqueued: str, ranking: str
+) -> tuple[str, list[str]]:
+    """Enqueue a job per letter of ``enqueued`` (its group), claim by ``ranking`` (one
+    group per letter, limit = its length) where the adapter has ``capability``: the
+    leases' groups, and the statements sent."""
+    if not getattr(queue.adapter, capability):
+        pytest.skip(f"needs capability {capability}")
+    for g in enqueued:
+        queue.enqueue("t", group=g)
+    with cursor_statements(queue.engine) as recorded:
+        got = queue.claim("w", limit=len(ranking), groups=list(ranking))
+    return "".join(lease.group for lease in got), [sql for sql, _ in recorded]
+
+
+def _picks(sent: list[str]) -> list[str]:
+    """The locking selects among the statements sent (a claim's picks)."""
+    return [sql for sql in sent if "SKIP LOCKED" in sql and not sql.startswith("UPDATE")]
+
+
 def test_grouped_claim_whose_shares_fit_the_limit_is_one_statement_where_the_adapter_can(
     queue: readyq.Queue,
 ) -> None:
     """grouped_claim_in_one_statement: the ranked groups' locked windows and the UPDATE
     are one statement, instead of a select per group and then the UPDATE."""
-    if not queue.adapter.grouped_claim_in_one_statement:
-        pytest.skip("needs capability grouped_claim_in_one_statement")
-    for g in ("a", "b", "c", "c"):
-        queue.enqueue("t", group=g)
-    with cursor_statements(queue.engine) as recorded:
-        got = queue.claim("w", limit=4, groups=["c", "a", "b", "c"])
-    sent = [sql for sql, _ in recorded]
-    assert [lease.group for lease in got] == ["c", "c", "a", "b"]
+    got, sent = _claim_sending(queue, "grouped_claim_in_one_statement", "abcc", "cabc")
+    assert got == "ccab"
     assert len(sent) == 1, sent
     assert "SKIP LOCKED" in sent[0], sent[0]
     assert "UPDATE" in sent[0], sent[0]
@@ -230,12 +244,25 @@ def test_grouped_claim_sends_a_second_statement_only_to_fill_unused_slots(
     queue: readyq.Queue,
 ) -> None:
     """The work-conserving pass costs a statement only when a group came up short."""
-    if not queue.adapter.grouped_claim_in_one_statement:
-        pytest.skip("needs capability grouped_claim_in_one_statement")
-    for g in ("a", "a", "a"):
-        queue.enqueue("t", group=g)
-    with cursor_statements(queue.engine) as recorded:
-        got = queue.claim("w", limit=3, groups=["b", "a", "b"])
-    sent = [sql for sql, _ in recorded]
-    assert [lease.group for lease in got] == ["a", "a", "a"]
+    got, sent = _claim_sending(queue, "grouped_claim_in_one_statement", "aaa", "bab")
+    assert got == "aaa"
     assert len(sent) == 2, sent
+
+
+def test_grouped_pick_whose_shares_fit_the_limit_is_one_select_where_the_adapter_can(
+    queue: readyq.Queue,
+) -> None:
+    """grouped_pick_in_one_statement: the ranked groups' locked windows are one select
+    (a UNION ALL), in ranked order, instead of a select per group."""
+    got, sent = _claim_sending(queue, "grouped_pick_in_one_statement", "abcc", "cabc")
+    assert got == "ccab"
+    assert len(_picks(sent)) == 1, sent
+    assert _picks(sent)[0].count("SKIP LOCKED") == 3, sent
+
+
+def test_grouped_pick_selects_again_only_to_fill_unused_slots(queue: readyq.Queue) -> None:
+    """With one select for the windows, the work-conserving pass costs a second one only
+    when a group came up short."""
+    got, sent = _claim_sending(queue, "grouped_pick_in_one_statement", "aaa", "bab")
+    assert got == "aaa"
+    assert len(_picks(sent)) == 2, sent

@@ -156,8 +156,9 @@ def test_claim_reads_about_limit_rows_when_statistics_predate_the_backlog(
 def test_grouped_claim_reads_about_its_shares_beside_other_groups(
     explained: readyq.Queue,
 ) -> None:
-    """A claim by ranked groups (the statements it really sends: one, or a locked select
-    per group then the UPDATE) skips the other groups' ready rows by the claim index."""
+    """A claim by ranked groups (the statements it really sends: one; or the locked
+    windows, as one UNION ALL or a select per group, then the UPDATE) skips the other
+    groups' ready rows by the claim index."""
     for g in ("mine", "also"):
         _ready(explained, 3 * LIMIT, group=g)
     _ready(explained, FILLER, group="others")

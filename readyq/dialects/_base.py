@@ -66,6 +66,10 @@ class Adapter:
     #: group's locked window, under the UPDATE (needs ``claim_in_one_statement`` and
     #: ``lateral_join``). Else one locked select per group, then the UPDATE.
     grouped_claim_in_one_statement: ClassVar[bool] = False
+    #: Without that, the grouped claim's first pass is still one statement: each group's
+    #: locked window, ``(SELECT ... ORDER BY ... LIMIT ... FOR UPDATE SKIP LOCKED)``, as
+    #: an arm of a UNION ALL. Else one locked select per group.
+    grouped_pick_in_one_statement: ClassVar[bool] = False
     #: Reads run in autocommit: no BEGIN and ROLLBACK around them. Each statement takes
     #: its own snapshot at READ COMMITTED anyway, so only where that saves round trips.
     read_autocommit: ClassVar[bool] = False
