@@ -249,6 +249,12 @@ class ActorCtx:
     def _begin(self, conn: Connection) -> None:
         self.txn_killed = False
         self.committed_in_pipeline = False
+        if self.committed:
+            # A transaction after a pipelined COMMIT of the same operation is readyq's
+            # fallback: the pipeline changed nothing (finalize_at_once returned None, for a
+            # job inside a container). The operation commits, or not, with this one.
+            self.committed = False
+            self.commit_step = None
 
     def _commit(self, conn: Connection) -> None:
         if self.crashed:

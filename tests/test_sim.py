@@ -102,6 +102,28 @@ def test_statements_sent_in_one_pipeline_are_scheduled_and_recorded_as_one_step(
     assert _failed(_checks(res)) == {}
 
 
+def test_a_crash_after_a_finalize_pipeline_that_committed_nothing_is_no_finalize(
+    backend: Any,
+) -> None:
+    """A job inside a container is finalized by a transaction, after a pipeline that
+    committed nothing; a worker that crashes inside that transaction finalized nothing.
+    Seed 12 crashes there (the history said "maybe committed", and the checker then
+    reported a second effective finalize when the reclaimed job was finalized again)."""
+    with readyq.Queue(backend.engine()) as q:
+        if not q.adapter.commit_together_capable:
+            pytest.skip("needs capability commit_together_capable")
+    res = run(scenario("default", 12), _server(backend))
+    crashed = [
+        e
+        for e in res.world.history.events
+        if e.f == "finalize" and e.detail.get("error") == "crashed" and e.job is not None
+    ]
+    boxed = [e for e in crashed if res.world.jobs[e.job].container_id is not None]
+    assert boxed, "seed 12 no longer crashes a finalize of a job inside a container"
+    assert all(e.type == "fail" and e.commit_step is None for e in boxed)
+    assert _failed(_checks(res)) == {}
+
+
 def test_different_seeds_give_different_schedules(backend: Any) -> None:
     """The digest depends on the seed (it is not trivially constant)."""
     a = run(scenario("quiet", 1).with_(jobs=15), _server(backend))
