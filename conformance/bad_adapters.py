@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from readyq import Queue, _store
+from readyq import Queue, _claim, _store
 from readyq.dialects import Adapter
 from readyq.job import Lease, Outcome, decode_payload
 from readyq.schema import jobs
@@ -113,7 +113,7 @@ def ranked_by_name(base: type[Adapter]) -> type[Adapter]:
 
 def read_then_update(base: type[Adapter]) -> type[Adapter]:
     """The claim reads ready ids in one transaction and updates them by id in another
-    (patched into readyq._store.claim for this process)."""
+    (patched into readyq._claim.claim for this process)."""
 
     def queue_claim(
         self: Queue,
@@ -124,7 +124,7 @@ def read_then_update(base: type[Adapter]) -> type[Adapter]:
         groups: Any = None,
     ) -> list[Lease]:
         # The seed's shape: the read commits before the write transaction even begins.
-        stmt = sa.select(c.id).where(c.state == "ready").order_by(*_store._ORDER).limit(limit)
+        stmt = sa.select(c.id).where(c.state == "ready").order_by(*_claim._ORDER).limit(limit)
         with self.engine.connect() as reader:
             picked = [int(x) for x in reader.execute(stmt).scalars()]
         if not picked:
@@ -145,12 +145,12 @@ def read_then_update(base: type[Adapter]) -> type[Adapter]:
         groups: Any,
     ) -> list[Lease]:
         stmt = sa.select(c.id).where(c.state == "ready", c.run_after_us <= now)
-        stmt = stmt.order_by(*_store._ORDER).limit(limit)
+        stmt = stmt.order_by(*_claim._ORDER).limit(limit)
         with conn.engine.connect() as reader:
             picked = [int(x) for x in reader.execute(stmt).scalars()]
         return _update_by_id(conn, picked, worker_id, now, ttl_us) if picked else []
 
-    _store.claim = claim_tx  # type: ignore[assignment]
+    _claim.claim = claim_tx  # type: ignore[assignment]
     Queue.claim = queue_claim  # type: ignore[assignment,method-assign]
     return base
 

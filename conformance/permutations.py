@@ -14,7 +14,7 @@ violation: each spec says which sessions may block, given the capabilities).
 
 Steps are whole readyq calls (``s.queue.claim(...)``, each its own transaction) or
 statements inside a transaction the session opened with ``s.begin()``, using readyq's
-internal ``_store``/``graph`` functions with the adapter, exactly as readyq runs them.
+internal ``_store``/``_claim``/``graph`` functions with the adapter, exactly as readyq runs them.
 ``s.crash()`` closes the session's connection mid-transaction, like a killed process.
 """
 
@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
 
 import readyq
-from readyq import JobState, LeaseLost, _store, dialects, graph
+from readyq import JobState, LeaseLost, _claim, _store, dialects, graph
 from readyq.dialects import Adapter
 from readyq.schema import jobs
 
@@ -459,7 +459,7 @@ def _commit(s: Session) -> None:
 def _claim_tx(limit: int = 1) -> Callable[[Session], list[int]]:
     def claim(s: Session) -> list[int]:
         assert s.conn is not None
-        got = _store.claim(
+        got = _claim.claim(
             s.conn,
             s.ad,
             worker_id=s.name,

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 
 import readyq
-from readyq import _guards, _store, graph
-from readyq._store import _ORDER
+from readyq import _claim, _guards, graph
+from readyq._claim import _ORDER
 from readyq.clock import from_us, to_us
 from readyq.dialects import Adapter
 from readyq.schema import jobs
@@ -324,7 +324,7 @@ class Requirements:
 
     def probe_claim_in_one_statement(self, env: Env) -> Probe:
         self._ready_jobs(env, 2)
-        stmt = _store._claim_one_statement(env.adapter, _guards.guard)
+        stmt = _claim._claim_one_statement(env.adapter, _guards.guard)
         with env.engine.connect() as conn, conn.begin() as tx:
             try:
                 got = [int(r.id) for r in conn.execute(stmt, _CLAIM_ONE)]
@@ -337,7 +337,7 @@ class Requirements:
 
     def probe_claim_autocommit(self, env: Env) -> Probe:
         ids = self._ready_jobs(env, 2)
-        stmt = _store._claim_one_statement(env.adapter, _guards.guard)
+        stmt = _claim._claim_one_statement(env.adapter, _guards.guard)
 
         def autocommit_claim() -> list[int]:
             with env.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

@@ -8,13 +8,15 @@ is compare-and-set on ``(id, lease_token, state)``. Times are bound values from 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from . import _claim
+from ._claim import none_boxed
 from ._dag import after_terminal, promote_from
 from ._guards import LEASE_CLEARED as _LEASE_CLEARED
 from ._guards import cut as _cut
@@ -23,7 +25,7 @@ from ._guards import id_binds, id_values
 from .dialects import Adapter
 from .dialects._base import pipeline_allowed
 from .errors import LeaseLost, UnsupportedDatabase
-from .job import TERMINAL, TRANSITIONS, JobState, Lease, Outcome, decode_payload
+from .job import TERMINAL, TRANSITIONS, JobState, Lease, Outcome
 from .schema import deps, jobs
 
 __all__: list[str] = []
@@ -44,356 +46,6 @@ class ReclaimCounts:
     @property
     def total(self) -> int:
         return self.expired + self.timed_out
-
-
-# -- claim ----------------------------------------------------------------------------
-
-_ORDER = (c.priority, c.run_after_us, c.id)
-
-#: What a lease is built from (priority and run_after_us put the rows in claim order).
-_LEASE_COLS = (
-    c.id,
-    c.lease_token,
-    c.type,
-    c.args,
-    c.group_key,
-    c.attempts,
-    c.max_attempts,
-    c.deadline_us,
-    c.priority,
-    c.run_after_us,
-)
-
-
-@functools.lru_cache(maxsize=64)
-def _claim_select(ad: Adapter, grouped: bool) -> sa.Select[Any]:
-    """The locked ready-set select, built once per adapter (values are bind parameters).
-
-    Only the id: the ready index covers it. A wider select on MariaDB sorts in a filesort,
-    and SKIP LOCKED then drops locked rows the LIMIT already counted (a claim gets fewer
-    jobs than are ready).
-    """
-    stmt = sa.select(c.id).where(c.state == S.READY.value, c.run_after_us <= sa.bindparam("now"))
-    if grouped:
-        stmt = stmt.where(c.group_key == sa.bindparam("group"))
-    return ad.lock_claimable(stmt.order_by(*_ORDER).limit(sa.bindparam("n")))
-
-
-def _claim_values() -> dict[str, Any]:
-    now = sa.bindparam("now", type_=sa.BigInteger())
-    return {
-        "state": T["claim"].target.value,
-        "lease_token": c.lease_token + 1,
-        "lease_owner": sa.bindparam("owner"),
-        "lease_expires_us": sa.bindparam("expires"),
-        "heartbeat_us": now,
-        "started_us": now,
-        "attempts": c.attempts + 1,
-        "deadline_us": sa.case((c.timeout_us.is_(None), None), else_=now + c.timeout_us),
-    }
-
-
-@functools.lru_cache(maxsize=256)
-def _claim_update(ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]], n: int) -> Any:
-    """READY -> RUNNING for ``n`` picked ids; ``guard`` is part of the key (tests patch it)."""
-    picked = c.id.in_(id_binds("id", n))
-    # IS TRUE: the re-check must not drive the plan; SQLite without statistics otherwise
-    # walked the state index over every ready row (13 ms per claim beside 100,000).
-    upd = sa.update(jobs).where(picked, guard("claim").is_(sa.true())).values(_claim_values())
-    return upd.returning(*_LEASE_COLS) if ad.update_returning else upd
-
-
-@functools.lru_cache(maxsize=64)
-def _claim_one_statement(
-    ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]], unless_boxed: int = 0
-) -> Any:
-    """The ungrouped claim as one statement: the locked select is the UPDATE's CTE.
-
-    ``unless_boxed``: it claims nothing if one of the jobs ``id0`` .. is inside a
-    container (see :func:`finalize_at_once`).
-
-    MATERIALIZED: the select (and its LIMIT and row locks) runs exactly once; a CTE the
-    planner inlined into the IN could be re-evaluated and lock more rows than asked for.
-    Joined (UPDATE ... FROM picked), not ``id IN (SELECT ...)``: with stale statistics
-    PostgreSQL ran the IN as a semi join that walked every ready row per claim.
-    """
-    select = _claim_select(ad, False)
-    if unless_boxed:
-        select = select.where(_none_boxed(unless_boxed))
-    picked = select.cte("picked").prefix_with("MATERIALIZED")
-    return (
-        sa.update(jobs)
-        # IS TRUE: the re-check must not drive the plan; as an index condition on state
-        # the planner (stale statistics) scanned every ready row per claim.
-        .where(c.id == picked.c.id, guard("claim").is_(sa.true()))
-        .values(_claim_values())
-        .returning(*_LEASE_COLS)
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _claim_read_back(n: int) -> sa.Select[Any]:
-    """Read back only what this UPDATE leased: correct even if a lock clause failed."""
-    return sa.select(*_LEASE_COLS).where(
-        c.id.in_(id_binds("id", n)),
-        c.state == S.RUNNING.value,
-        c.lease_owner == sa.bindparam("owner"),
-        c.started_us == sa.bindparam("now"),
-    )
-
-
-def _pick(conn: Connection, ad: Adapter, now: int, limit: int, groups: Sequence[str]) -> list[int]:
-    """Locked ready rows in ranked group order (the claim's first statements)."""
-    # Each group's locked window in ranked order; a group whose rows are taken (or gone)
-    # falls through to the next. Then a second pass gives unused slots to any group that
-    # still had more, so the claim is work-conserving.
-    wanted = _wanted(groups)
-    if ad.grouped_pick_in_one_statement and len(groups) <= limit:
-        picked, full = _pick_windows(conn, ad, now, wanted)
-    else:
-        picked, full = _pick_each(conn, ad, now, limit, wanted)
-    select = _claim_select(ad, True)
-    for g in full:
-        n = limit - len(picked)
-        if n <= 0:
-            break
-        stmt = select.where(c.id.not_in(picked))
-        picked += conn.execute(stmt, {"now": now, "n": n, "group": g}).scalars()
-    return picked
-
-
-def _pick_each(
-    conn: Connection, ad: Adapter, now: int, limit: int, wanted: dict[str, int]
-) -> tuple[list[int], list[str]]:
-    """The first pass, one locked select per group: the ids, and the groups that filled
-    their share."""
-    picked: list[int] = []
-    full: list[str] = []
-    select = _claim_select(ad, True)
-    for g, asked in wanted.items():
-        n = min(asked, limit - len(picked))
-        if n <= 0:
-            break
-        got = list(conn.execute(select, {"now": now, "n": n, "group": g}).scalars())
-        picked += got
-        if len(got) == n:
-            full.append(g)
-    return picked, full
-
-
-#: Groups per statement of :func:`_claim_windows`: a bounded text however many groups.
-_ARMS = 32
-
-
-def _pick_windows(
-    conn: Connection, ad: Adapter, now: int, wanted: dict[str, int]
-) -> tuple[list[int], list[str]]:
-    """:func:`_pick_each` in one statement per 32 groups (their shares fit the limit, so
-    no group's LIMIT depends on what the ones before found): the same ids, in the same
-    order."""
-    names = list(wanted)
-    rows: list[Any] = []
-    for start in range(0, len(names), _ARMS):
-        chunk = names[start : start + _ARMS]
-        params: dict[str, Any] = {"now": now}
-        for k, g in enumerate(chunk):
-            params.update({f"g{k}": g, f"n{k}": wanted[g], f"o{k}": start + k})
-        rows += conn.execute(_claim_windows(ad, len(chunk)), params)
-    rows.sort(key=lambda r: (r.ord, r.priority, r.run_after_us, r.id))
-    got = dict.fromkeys(names, 0)
-    for r in rows:
-        got[names[r.ord]] += 1
-    return [r.id for r in rows], [g for g in names if got[g] == wanted[g]]
-
-
-@functools.lru_cache(maxsize=2 * _ARMS)
-def _claim_windows(ad: Adapter, arms: int) -> Any:
-    """Group ``g{k}``'s first ``n{k}`` ready rows, locked and skipping rows locked by
-    others, as arm ``k`` of a UNION ALL; ``ord`` numbers the arm.
-
-    One round trip instead of one per group, for servers without LATERAL (MariaDB).
-    Only columns of the claim index: a wider arm sorts in a filesort, and SKIP LOCKED then
-    drops locked rows the LIMIT already counted (see :func:`_claim_select`).
-    """
-    arms_ = []
-    for k in range(arms):
-        arm = (
-            sa.select(c.id, c.priority, c.run_after_us, sa.bindparam(f"o{k}").label("ord"))
-            .where(
-                c.state == S.READY.value,
-                c.group_key == sa.bindparam(f"g{k}"),
-                c.run_after_us <= sa.bindparam("now"),
-            )
-            .order_by(*_ORDER)
-            .limit(sa.bindparam(f"n{k}"))
-        )
-        arms_.append(ad.lock_claimable(arm))
-    return arms_[0] if arms == 1 else sa.union_all(*arms_)
-
-
-@functools.lru_cache(maxsize=64)
-def _claim_ranked(
-    ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]], unless_boxed: int = 0
-) -> Any:
-    """The grouped claim as one statement: each ranked group ``(g, n, ord)`` joins
-    LATERAL its first ``n`` ready rows (locked, skipping rows locked by others), and the
-    UPDATE leases them all; ``ord`` comes back to put the leases in ranked order.
-
-    One text for every ranking, so it is prepared once. (A CTE per group and pass, 20 for
-    10 groups, was planned again on every execution: docs/benchmarks.md, session 5.)
-    MATERIALIZED, the joined UPDATE and ``unless_boxed``: as in
-    :func:`_claim_one_statement`.
-    """
-    want = ad.ranked_groups()
-    ready = sa.select(c.id).where(
-        c.state == S.READY.value,
-        c.run_after_us <= sa.bindparam("now"),
-        c.group_key == want.c.g,
-    )
-    if unless_boxed:
-        ready = ready.where(_none_boxed(unless_boxed))
-    window = ad.lock_claimable(ready.order_by(*_ORDER).limit(want.c.n)).lateral("window")
-    picked = (
-        sa.select(window.c.id, want.c.ord)
-        .select_from(want.join(window, sa.true()))
-        # Never cuts (the shares sum to at most n), but it is the planner's estimate: with
-        # 10% of the table guessed per window, the UPDATE hash-joined a scan of every job.
-        .limit(sa.bindparam("n"))
-        .cte("picked")
-        .prefix_with("MATERIALIZED")
-    )
-    return (
-        sa.update(jobs)
-        .where(c.id == picked.c.id, guard("claim").is_(sa.true()))
-        .values(_claim_values())
-        .returning(*_LEASE_COLS, picked.c.ord)
-    )
-
-
-def _claim_ranked_rows(
-    conn: Connection, ad: Adapter, params: dict[str, Any], limit: int, groups: Sequence[str]
-) -> list[Any]:
-    """:func:`claim` by ranked groups whose shares fit ``limit``, with
-    :func:`_claim_ranked`: the same jobs, in the same order, as :func:`_pick`."""
-    wanted = _wanted(groups)
-    rows = list(conn.execute(_claim_ranked(ad, _guard), _ranked_params(params, wanted)))
-    rows, more = _first_pass(rows, wanted, limit)
-    return rows if more is None else rows + _top_up_rows(conn, ad, more, params)
-
-
-def _ranked_params(params: dict[str, Any], wanted: dict[str, int]) -> dict[str, Any]:
-    return {**params, "groups": list(wanted), "ns": list(wanted.values())}
-
-
-def _first_pass(
-    rows: Sequence[Any], wanted: dict[str, int], limit: int
-) -> tuple[list[Any], TopUp | None]:
-    """The ranked claim's rows in ranked order, and what its second pass offers: the
-    slots left, to the groups that got all they asked for."""
-    names = list(wanted)
-    got = dict.fromkeys(names, 0)
-    for r in rows:
-        got[names[r.ord - 1]] += 1
-    ordered = sorted(rows, key=lambda r: (r.ord, *_claim_order(r)))
-    full = [g for g in names if got[g] == wanted[g]]
-    left = limit - len(ordered)
-    return ordered, (TopUp(full, left) if full and left > 0 else None)
-
-
-def _top_up_rows(conn: Connection, ad: Adapter, more: TopUp, params: dict[str, Any]) -> list[Any]:
-    """The second pass: slots a group could not fill go, in ranked order, to the groups
-    that filled theirs. The rows leased before are no longer ready: each claim skips
-    them."""
-    rows: list[Any] = []
-    for g in more.groups:
-        n = more.slots - len(rows)
-        if n <= 0:
-            break
-        got = conn.execute(_claim_ranked(ad, _guard), {**params, "groups": [g], "ns": [n]})
-        rows += sorted(got, key=_claim_order)
-    return rows
-
-
-def _claim_order(row: Any) -> tuple[int, int, int]:
-    return (row.priority, row.run_after_us, row.id)
-
-
-def _wanted(groups: Sequence[str]) -> dict[str, int]:
-    """Jobs asked of each group, in ranked order (a group named twice is asked for two)."""
-    wanted: dict[str, int] = {}
-    for g in groups:
-        wanted[g] = wanted.get(g, 0) + 1
-    return wanted
-
-
-def claim_autocommits(ad: Adapter, groups: Sequence[str] | None) -> bool:
-    """Whether :func:`claim` is one statement that may run outside a transaction."""
-    return groups is None and ad.claim_in_one_statement and ad.claim_autocommit
-
-
-def claim(
-    conn: Connection,
-    ad: Adapter,
-    *,
-    worker_id: str,
-    now: int,
-    ttl_us: int,
-    limit: int,
-    groups: Sequence[str] | None,
-) -> list[Lease]:
-    """READY -> RUNNING for up to ``limit`` jobs, in ranked group order when given."""
-    params = _claim_params(worker_id, now, ttl_us, limit)
-    if groups is None and ad.claim_in_one_statement:
-        rows = list(conn.execute(_claim_one_statement(ad, _guard), params))
-        return _claimed(rows, worker_id, now + ttl_us)
-    if groups is not None and _claim_is_one_statement(ad, groups, limit):
-        rows = _claim_ranked_rows(conn, ad, params, limit, groups)
-        return _leases(rows, worker_id, now + ttl_us)
-    if groups is None:
-        ids = list(conn.execute(_claim_select(ad, False), {"now": now, "n": limit}).scalars())
-    else:
-        ids = _pick(conn, ad, now, limit, groups)
-    if not ids:
-        return []
-    params.update(id_values("id", ids))
-    upd = _claim_update(ad, _guard, len(ids))
-    if ad.update_returning:
-        rows = list(conn.execute(upd, params).all())
-    else:
-        conn.execute(upd, params)
-        rows = list(conn.execute(_claim_read_back(len(ids)), params).all())
-    order = {job_id: i for i, job_id in enumerate(ids)}
-    rows.sort(key=lambda r: order[r.id])
-    return _leases(rows, worker_id, now + ttl_us)
-
-
-def _claim_params(worker_id: str, now: int, ttl_us: int, limit: int) -> dict[str, Any]:
-    """The claim statements' bind values."""
-    return {"now": now, "owner": worker_id, "expires": now + ttl_us, "n": limit}
-
-
-def _claimed(rows: list[Any], worker_id: str, expires_us: int) -> list[Lease]:
-    """Leases from the one-statement claim's rows (RETURNING has no order): claim order."""
-    rows.sort(key=_claim_order)
-    return _leases(rows, worker_id, expires_us)
-
-
-def _leases(rows: Iterable[Any], worker_id: str, expires_us: int) -> list[Lease]:
-    return [
-        Lease(
-            job_id=r.id,
-            token=r.lease_token,
-            type=r.type,
-            args=decode_payload(r.args) or {},
-            worker_id=worker_id,
-            group=r.group_key,
-            attempt=r.attempts,
-            max_attempts=r.max_attempts,
-            expires_us=expires_us,
-            deadline_us=r.deadline_us,
-        )
-        for r in rows
-    ]
 
 
 # -- lease holder's writes ------------------------------------------------------------
@@ -494,14 +146,6 @@ def _finalize_update(n: int) -> Any:
     )
 
 
-def _none_boxed(n: int) -> sa.ColumnElement[bool]:
-    """None of the jobs ``id0`` .. ``id{n-1}`` is inside a container."""
-    settling = jobs.alias("settling")
-    return ~sa.exists().where(
-        settling.c.id.in_(id_binds("id", n)), settling.c.parent_id.is_not(None)
-    )
-
-
 @functools.lru_cache(maxsize=128)
 def _finalize_and_promote(n: int, unless_boxed: bool = False) -> sa.Select[Any]:
     """:func:`_finalize_update` and the promotion of the finished jobs' dependents as one
@@ -512,7 +156,7 @@ def _finalize_and_promote(n: int, unless_boxed: bool = False) -> sa.Select[Any]:
     """
     update = _finalize_update(n)
     if unless_boxed:  # a container's roll-up takes more statements: see finalize_at_once
-        update = update.where(_none_boxed(n))
+        update = update.where(none_boxed(n))
     fin = update.returning(c.id).cte("fin")
     promo = promote_from(n, sa.select(fin.c.id)).returning(c.id).cte("promo")
     return sa.select(
@@ -626,15 +270,18 @@ def finalize_and_claim(
     """
     if not (items and ad.update_in_cte and groups is None and ad.claim_in_one_statement):
         out = finalize_many(conn, ad, items, now=now) if items else []
-        return out, claim(
+        return out, _claim.claim(
             conn, ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
         )
-    params = _claim_params(worker_id, now, ttl_us, limit)
-    *done, got = ad.execute_together(
-        conn, [*_settle_sent(ad, items, now), (_claim_one_statement(ad, _guard), params)]
+    sent = _claim.one_statement(
+        ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=None
     )
+    *done, got = ad.execute_together(conn, [*_settle_sent(ad, items, now), sent])
     out = _settle(conn, ad, items, done, now=now)
-    return out, _claimed(got, worker_id, now + ttl_us)
+    leases, _ = _claim.one_statement_leases(
+        got, worker_id=worker_id, expires_us=now + ttl_us, limit=limit, groups=None
+    )
+    return out, leases
 
 
 def commits_at_once(
@@ -645,25 +292,8 @@ def commits_at_once(
         ad.commit_together_capable
         and ad.update_in_cte
         and pipeline_allowed(engine)
-        and (not claims or _claim_is_one_statement(ad, groups, limit))
+        and (not claims or _claim.is_one_statement(ad, groups, limit))
     )
-
-
-def _claim_is_one_statement(ad: Adapter, groups: Sequence[str] | None, limit: int) -> bool:
-    """Whether this claim's first pass is one self-guarding statement."""
-    if groups is None:
-        return ad.claim_in_one_statement
-    # Shares that fit the limit: no group's LIMIT depends on what the ones before found.
-    return ad.grouped_claim_in_one_statement and len(groups) <= limit
-
-
-@dataclass(frozen=True)
-class TopUp:
-    """Slots a ranked claim sent with a finalize left free although ranked groups were
-    full: :func:`top_up` offers them to those groups, in ranked order."""
-
-    groups: list[str]
-    slots: int
 
 
 def finalize_at_once(
@@ -673,30 +303,32 @@ def finalize_at_once(
     *,
     now: int,
     claim: tuple[str, int, int, Sequence[str] | None] | None = None,
-) -> tuple[list[Outcome | LeaseLost], list[Lease], TopUp | None] | None:
+) -> tuple[list[Outcome | LeaseLost], list[Lease], _claim.TopUp | None] | None:
     """:func:`finalize_many` and, with ``claim`` = (worker_id, ttl_us, limit, groups), the
     claim's one-statement first pass, as one transaction of their own that commits in the
     same round trip (:meth:`Adapter.commit_together`; ``conn`` is in autocommit).
 
     A ranked claim's second pass cannot ride along (it depends on the first one's rows):
-    what it would offer comes back as a :class:`TopUp`, or None.
+    what it would offer comes back as a :class:`readyq._claim.TopUp`, or None.
 
     None, having changed nothing, when one of the jobs is inside a container (its
     roll-up takes statements that depend on this one's rows) or the connection cannot:
     run :func:`finalize_and_claim` in a transaction then.
     """
     sent = _settle_sent(ad, items, now, unless_boxed=True)
-    wanted: dict[str, int] | None = None
     if claim is not None:
         worker_id, ttl_us, limit, groups = claim
-        params = _claim_params(worker_id, now, ttl_us, limit)
-        params.update(id_values("id", [lease.job_id for lease, _ in items]))
-        if groups is None:
-            sent.append((_claim_one_statement(ad, _guard, len(items)), params))
-        else:
-            wanted = _wanted(groups)
-            stmt = _claim_ranked(ad, _guard, len(items))
-            sent.append((stmt, _ranked_params(params, wanted)))
+        sent.append(
+            _claim.one_statement(
+                ad,
+                worker_id=worker_id,
+                now=now,
+                ttl_us=ttl_us,
+                limit=limit,
+                groups=groups,
+                unless_boxed=[lease.job_id for lease, _ in items],
+            )
+        )
     results = ad.commit_together(conn, sent)
     if results is None:
         return None
@@ -708,20 +340,10 @@ def finalize_at_once(
     out = _settle(conn, ad, items, results[:2], now=now)  # no container: no more statements
     if claim is None:
         return out, [], None
-    expires = now + claim[1]
-    if wanted is None:
-        return out, _claimed(results[2], claim[0], expires), None
-    rows, more = _first_pass(results[2], wanted, claim[2])
-    return out, _leases(rows, claim[0], expires), more
-
-
-def top_up(
-    conn: Connection, ad: Adapter, more: TopUp, *, worker_id: str, now: int, ttl_us: int
-) -> list[Lease]:
-    """A ranked claim's second pass, after :func:`finalize_at_once` (in a transaction:
-    a rerun after a conflict must not keep the leases of a first try)."""
-    params = _claim_params(worker_id, now, ttl_us, more.slots)
-    return _leases(_top_up_rows(conn, ad, more, params), worker_id, now + ttl_us)
+    leases, more = _claim.one_statement_leases(
+        results[2], worker_id=claim[0], expires_us=now + claim[1], limit=claim[2], groups=claim[3]
+    )
+    return out, leases, more
 
 
 def finalize(conn: Connection, ad: Adapter, lease: Lease, result: str, *, now: int) -> Outcome:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from . import _dag, _scan, _store, dialects
+from . import _claim, _dag, _scan, _store, dialects
 from ._scan import GroupStats
 from .clock import Clock, SystemClock, from_us
 from .errors import InvalidJob, LeaseLost, SchemaNotInstalled, UnknownJob
@@ -359,10 +359,10 @@ class Queue:
         if groups == []:
             return []
         return self._write(
-            lambda conn, ad, now: _store.claim(
+            lambda conn, ad, now: _claim.claim(
                 conn, ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
             ),
-            autocommit=_store.claim_autocommits(self.adapter, groups),
+            autocommit=_claim.claim_autocommits(self.adapter, groups),
         )
 
     def heartbeat(self, lease: Lease, *, ttl: float = 30.0) -> int:
@@ -427,14 +427,14 @@ class Queue:
             return (self._settle(items, None)[0] if items else []), []
         return self._settle(items, (worker_id, ttl_us, limit, claim_groups))
 
-    def _top_up(self, more: _store.TopUp, worker_id: str, ttl_us: int) -> list[Lease]:
+    def _top_up(self, more: _claim.TopUp, worker_id: str, ttl_us: int) -> list[Lease]:
         """The second pass of a ranked claim that committed with its finalize: slots the
         first left free, offered to the groups that were full. Its own claims: if it
         fails, the results and the leases already taken stand, and the error is logged
         (raising would strand those leases until their TTL)."""
         try:
             return self._write(
-                lambda conn, ad, now: _store.top_up(
+                lambda conn, ad, now: _claim.top_up(
                     conn, ad, more, worker_id=worker_id, now=now, ttl_us=ttl_us
                 )
             )

@@ -1,7 +1,8 @@
 """Deliberately broken variants of readyq's behaviour, for proving the simulator catches bugs.
 
 They live in test code only. Each is a ``Hooks`` for ``readyq_sim.run.run`` and/or a patch
-of a ``readyq._store`` function, applied by the test through pytest's ``monkeypatch``.
+of a ``readyq._store`` (or ``readyq._claim``) function, applied by the test through
+pytest's ``monkeypatch``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from readyq_sim.world import Hooks
 from sqlalchemy.engine import Connection, Engine
 
 import readyq
-from readyq import _store, dialects
+from readyq import _claim, _store, dialects
 from readyq.job import Lease
 from readyq.schema import jobs
 
@@ -62,8 +63,8 @@ def unguarded_claim(monkeypatch: Any) -> Hooks:
 def unguarded_claim_in_this_process() -> Hooks:
     """:func:`unguarded_claim` for a spawned stress child: patches for good (the process is
     the run's), so it takes no monkeypatch; name it as ``setup="sim_broken:<this>"``."""
-    real_guard = _store._guard
-    _store._guard = lambda name: sa.true() if name == "claim" else real_guard(name)
+    real_guard = _claim._guard
+    _claim._guard = lambda name: sa.true() if name == "claim" else real_guard(name)
     return no_locking()
 
 
@@ -79,9 +80,9 @@ def sqlite_deferred() -> Hooks:
 
 
 def _unguard_claim(monkeypatch: Any) -> None:
-    real_guard = _store._guard
+    real_guard = _claim._guard
     monkeypatch.setattr(
-        _store, "_guard", lambda name: sa.true() if name == "claim" else real_guard(name)
+        _claim, "_guard", lambda name: sa.true() if name == "claim" else real_guard(name)
     )
 
 

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from readyq_bench.db import fill_jobs
 
 import readyq
-from readyq import _dag, _guards, _scan, _store
+from readyq import _claim, _dag, _guards, _scan
 from readyq.schema import jobs
 
 try:
@@ -119,23 +119,23 @@ _EXPLAIN = {
 }
 
 
-def _claim(q: readyq.Queue) -> int:
-    params = _store._claim_params("plan", q.clock.now_us(), 10**7, LIMIT)
+def _claim_reads(q: readyq.Queue) -> int:
+    params = _claim._claim_params("plan", q.clock.now_us(), 10**7, LIMIT)
     if q.adapter.claim_in_one_statement:
-        return _rows_read(q, _store._claim_one_statement(q.adapter, _guards.guard), params)
-    return _rows_read(q, _store._claim_select(q.adapter, False), params)
+        return _rows_read(q, _claim._claim_one_statement(q.adapter, _guards.guard), params)
+    return _rows_read(q, _claim._claim_select(q.adapter, False), params)
 
 
 def test_claim_reads_about_limit_rows_beside_many_finished_jobs(explained: readyq.Queue) -> None:
     _ready(explained, 3 * LIMIT)
     fill_jobs(explained.engine, FILLER, state="done", now=explained.clock.now_us())
-    assert _claim(explained) <= BOUND
+    assert _claim_reads(explained) <= BOUND
 
 
 def test_claim_reads_about_limit_rows_beside_many_blocked_jobs(explained: readyq.Queue) -> None:
     _ready(explained, 3 * LIMIT)
     fill_jobs(explained.engine, FILLER, state="blocked", now=explained.clock.now_us())
-    assert _claim(explained) <= BOUND
+    assert _claim_reads(explained) <= BOUND
 
 
 def test_claim_reads_about_limit_rows_when_statistics_predate_the_backlog(
@@ -150,7 +150,7 @@ def test_claim_reads_about_limit_rows_when_statistics_predate_the_backlog(
     _ready(explained, 2)
     _analyze(explained)
     _ready(explained, FILLER)
-    assert _claim(explained) <= BOUND
+    assert _claim_reads(explained) <= BOUND
 
 
 def test_grouped_claim_reads_about_its_shares_beside_other_groups(
@@ -167,7 +167,7 @@ def test_grouped_claim_reads_about_its_shares_beside_other_groups(
     ranking = ["mine", "also"] * (LIMIT // 2)
 
     def claim(conn: Any) -> None:
-        _store.claim(conn, ad, worker_id="w", now=now, ttl_us=10**7, limit=LIMIT, groups=ranking)
+        _claim.claim(conn, ad, worker_id="w", now=now, ttl_us=10**7, limit=LIMIT, groups=ranking)
 
     sent = _statements_of(explained, claim)
     assert any("UPDATE" in sql for sql, _ in sent), sent
@@ -178,9 +178,9 @@ def _picked_update(q: readyq.Queue) -> tuple[Any, dict[str, Any]]:
     """The claim's UPDATE of LIMIT picked ready jobs (a grouped claim's second step)."""
     with q.engine.connect() as conn:
         ids = list(conn.execute(sa.select(jobs.c.id).order_by(jobs.c.id).limit(LIMIT)).scalars())
-    params = _store._claim_params("plan", q.clock.now_us(), 10**7, LIMIT)
+    params = _claim._claim_params("plan", q.clock.now_us(), 10**7, LIMIT)
     params.update(_guards.id_values("id", ids))
-    return _store._claim_update(q.adapter, _guards.guard, LIMIT), params
+    return _claim._claim_update(q.adapter, _guards.guard, LIMIT), params
 
 
 def test_claim_update_reads_only_the_picked_rows_beside_a_ready_backlog(

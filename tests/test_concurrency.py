@@ -186,9 +186,9 @@ def test_open_claim_does_not_block_enqueue(  # type: ignore[no-untyped-def]
     ad = claimer.adapter
     with claimer.engine.connect() as conn, conn.begin():
         ad.begin_write(conn)
-        from readyq import _store
+        from readyq import _claim
 
-        got = _store.claim(
+        got = _claim.claim(
             conn, ad, worker_id="w", now=claimer.clock.now_us(), ttl_us=10**7, limit=1, groups=None
         )
         assert len(got) == 1

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 import readyq
-from readyq import InvalidJob, JobState, LeaseLost, Outcome, _store
+from readyq import InvalidJob, JobState, LeaseLost, Outcome, _claim, _store
 from readyq.schema import jobs
 
 try:
@@ -210,7 +210,7 @@ class TestFinalizeAndClaim:
         def broken(*args: object, **kwargs: object) -> None:
             raise RuntimeError("claim failed")
 
-        monkeypatch.setattr(readyq.queue._store, "_leases", broken)
+        monkeypatch.setattr(_claim, "_leases", broken)
         with pytest.raises(RuntimeError, match="claim failed"):
             q.finalize_and_claim([(lease, {"ok": 1})], "w")
         assert (q.get(lease.job_id).state, q.get(waiting).state) == (
@@ -257,7 +257,7 @@ class TestFinalizeAndClaim:
         def cut(*args: object, **kwargs: object) -> None:
             raise sa.exc.OperationalError("UPDATE", {}, ConnectionError("connection cut"))
 
-        monkeypatch.setattr(_store, "top_up", cut)
+        monkeypatch.setattr(_claim, "top_up", cut)
         out, nxt = q.finalize_and_claim([(lease, None)], "w", limit=2, groups=["b", "a"])
         assert [o.state for o in out] == [JobState.DONE]
         assert [x.group for x in nxt] == ["a"]

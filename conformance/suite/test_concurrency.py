@@ -11,7 +11,7 @@ from readyq_conformance._threads import Attempt
 from readyq_conformance.env import Env, ManualClock
 
 import readyq
-from readyq import JobState, _store, graph
+from readyq import JobState, _claim, graph
 from readyq.schema import jobs
 
 c = jobs.c
@@ -104,7 +104,7 @@ def test_claimers_never_wait_on_each_other(env: Env) -> None:
     other = env.queue()
     other.counts()
     with env.write() as (conn, ad):
-        held = _store.claim(
+        held = _claim.claim(
             conn, ad, worker_id="a", now=q.clock.now_us(), ttl_us=10**7, limit=1, groups=None
         )
         second = Attempt(lambda: other.claim("b"), "second-claimer")
@@ -122,7 +122,7 @@ def test_serialized_claimers_wait_then_take_another_job(env: Env) -> None:
     fill(q, 2)
     other = env.queue()
     with env.write() as (conn, ad):
-        held = _store.claim(
+        held = _claim.claim(
             conn, ad, worker_id="a", now=q.clock.now_us(), ttl_us=10**7, limit=1, groups=None
         )
         second = Attempt(lambda: other.claim("b"), "second-claimer")
@@ -141,7 +141,7 @@ def test_open_claim_does_not_block_enqueue(env: Env) -> None:
     other = env.queue()
     other.counts()
     with env.write() as (conn, ad):
-        got = _store.claim(
+        got = _claim.claim(
             conn, ad, worker_id="w", now=q.clock.now_us(), ttl_us=10**7, limit=1, groups=None
         )
         assert len(got) == 1

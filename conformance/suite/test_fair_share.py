@@ -10,7 +10,7 @@ from readyq_conformance.env import Env
 
 import readyq
 from readyq import GroupDemand, fair_share
-from readyq._store import claim as store_claim
+from readyq._claim import claim as store_claim
 
 WEIGHTS = {"a": 1.0, "b": 2.0, "c": 5.0}
 
