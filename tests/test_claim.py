@@ -82,6 +82,18 @@ class TestClaimOrder:
             "b",
         ]
 
+    def test_more_ranked_groups_than_one_statement_holds_keep_their_rank_order(
+        self, q: readyq.Queue
+    ) -> None:
+        """40 ranked groups (a one-select pick sends them as two statements of at most 32
+        windows): the leases still follow the ranking, across both."""
+        ranking = [f"g{k:02d}" for k in range(39, -1, -1)]
+        with q.graph() as g:
+            for name in sorted(ranking):
+                g.add("t", group=name)
+        got = q.claim("w", limit=len(ranking), groups=ranking)
+        assert [lease.group for lease in got] == ranking
+
     def test_repeated_group_asks_for_several_jobs(self, q: readyq.Queue) -> None:
         """A group named twice in the ranking gets two slots."""
         for g in ("a", "a", "b"):
