@@ -3,6 +3,7 @@
 Internal. Every function is named after a transition of :data:`readyq.job.TRANSITIONS`
 and guards its UPDATE with that transition's source states; every write made for a lease
 is compare-and-set on ``(id, lease_token, state)``. Times are bound values from the caller.
+The claim lives in :mod:`readyq._claim`; this module sends it with a finalize.
 """
 
 from __future__ import annotations
