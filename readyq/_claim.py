@@ -252,17 +252,6 @@ def _claim_ranked(
     )
 
 
-def _claim_ranked_rows(
-    conn: Connection, ad: Adapter, params: dict[str, Any], limit: int, groups: Sequence[str]
-) -> list[Any]:
-    """:func:`claim` by ranked groups whose shares fit ``limit``, with
-    :func:`_claim_ranked`: the same jobs, in the same order, as :func:`_pick`."""
-    wanted = _wanted(groups)
-    rows = list(conn.execute(_claim_ranked(ad, _guard), _ranked_params(params, wanted)))
-    rows, more = _first_pass(rows, wanted, limit)
-    return rows if more is None else rows + _top_up_rows(conn, ad, more, params)
-
-
 def _ranked_params(params: dict[str, Any], wanted: dict[str, int]) -> dict[str, Any]:
     return {**params, "groups": list(wanted), "ns": list(wanted.values())}
 
@@ -324,13 +313,23 @@ def claim(
     groups: Sequence[str] | None,
 ) -> list[Lease]:
     """READY -> RUNNING for up to ``limit`` jobs, in ranked group order when given."""
+    if is_one_statement(ad, groups, limit):
+        # The same first pass a finalize sends with its results, and its second pass
+        # (the same jobs, in the same order, as :func:`_pick`) in this transaction.
+        stmt, sent = one_statement(
+            ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
+        )
+        leases, more = one_statement_leases(
+            list(conn.execute(stmt, sent)),
+            worker_id=worker_id,
+            expires_us=now + ttl_us,
+            limit=limit,
+            groups=groups,
+        )
+        if more is None:
+            return leases
+        return leases + top_up(conn, ad, more, worker_id=worker_id, now=now, ttl_us=ttl_us)
     params = _claim_params(worker_id, now, ttl_us, limit)
-    if groups is None and ad.claim_in_one_statement:
-        rows = list(conn.execute(_claim_one_statement(ad, _guard), params))
-        return _claimed(rows, worker_id, now + ttl_us)
-    if groups is not None and is_one_statement(ad, groups, limit):
-        rows = _claim_ranked_rows(conn, ad, params, limit, groups)
-        return _leases(rows, worker_id, now + ttl_us)
     if groups is None:
         ids = list(conn.execute(_claim_select(ad, False), {"now": now, "n": limit}).scalars())
     else:
@@ -398,8 +397,9 @@ class TopUp:
 def top_up(
     conn: Connection, ad: Adapter, more: TopUp, *, worker_id: str, now: int, ttl_us: int
 ) -> list[Lease]:
-    """A ranked claim's second pass, after :func:`finalize_at_once` (in a transaction:
-    a rerun after a conflict must not keep the leases of a first try)."""
+    """A ranked claim's second pass, in :func:`claim`'s transaction or, after
+    ``readyq._store.finalize_at_once``, in one of its own (a rerun after a conflict must
+    not keep the leases of a first try)."""
     params = _claim_params(worker_id, now, ttl_us, more.slots)
     return _leases(_top_up_rows(conn, ad, more, params), worker_id, now + ttl_us)
 
