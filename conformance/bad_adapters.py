@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 
 from readyq import Queue, _claim, _store
 from readyq.dialects import Adapter
-from readyq.job import Lease, Outcome, decode_payload
+from readyq.job import Lease, Outcome
 from readyq.schema import jobs
 
 __all__ = ["BAD_ADAPTERS", "BadAdapter"]
@@ -173,21 +173,7 @@ def _update_by_id(
         )
     )
     rows = conn.execute(sa.select(jobs).where(c.id.in_(picked)).order_by(c.id)).all()
-    return [
-        Lease(
-            job_id=r.id,
-            token=r.lease_token,
-            type=r.type,
-            args=decode_payload(r.args) or {},
-            worker_id=worker_id,
-            group=r.group_key,
-            attempt=r.attempts,
-            max_attempts=r.max_attempts,
-            expires_us=now + ttl_us,
-            deadline_us=r.deadline_us,
-        )
-        for r in rows
-    ]
+    return _claim._leases(rows, worker_id, now + ttl_us)
 
 
 def unfenced_finalize(base: type[Adapter]) -> type[Adapter]:
