@@ -12,10 +12,13 @@ Statements readyq sends together in one PostgreSQL pipeline pass no cursor event
 pipeline observer (:class:`_Pipelines`) schedules, records and faults such a group as one
 step.
 
-A statement that would wait on a lock held by a parked actor would hang the driver, so the
-sim's engines fail lock waits at once (SQLite ``timeout=0``, PostgreSQL ``lock_timeout``,
-MariaDB ``innodb_lock_wait_timeout = 0``, MySQL 1 s); a wall-clock watchdog stops the run if a
-statement still does not return.
+A statement that would wait on a lock held by a parked actor would hang the driver, so such
+a wait fails at once (SQLite ``timeout=0``, MariaDB ``innodb_lock_wait_timeout = 0``, MySQL
+1 s); a wall-clock watchdog stops the run if a statement still does not return. PostgreSQL
+cancels the statement when ``pg_blocking_pids`` names a session of the run's database: a
+lock held by anyone else is waited for, as it is released in wall time (a COMMIT after NOTIFY
+takes a lock shared by every database on the server, and other clients' commits hold it;
+under a short ``lock_timeout`` that made a COMMIT fail now and then, and a seed not replay).
 
 Two faults stall an actor inside its own open transaction while virtual time passes and the
 others run: ``slow_commit`` holds the COMMIT, and ``hang_in_txn`` (:class:`TxnHang`) stops
@@ -48,8 +51,10 @@ from .clock import VirtualClock
 
 __all__ = ["ActorCtx", "Crashed", "Driver", "DriverStuck", "Stopped", "TxnHang", "backend_kind"]
 
-#: PostgreSQL: milliseconds a statement may wait for a lock before it fails (55P03).
-PG_LOCK_TIMEOUT_MS = 20
+#: PostgreSQL: seconds a statement runs before the driver asks whom it waits for.
+PG_WAIT_CHECK_S = 0.02
+#: PostgreSQL: a lock wait still fails after this long (55P03), whoever holds the lock.
+PG_LOCK_TIMEOUT_MS = 10_000
 
 #: MariaDB 10.11 (checked on 10.11.19): with ``innodb_lock_wait_timeout = 0``, a ``SELECT ...
 #: SKIP LOCKED`` that meets a locked secondary-index entry fails with error 1180 ("Got error
@@ -141,6 +146,10 @@ class ActorCtx:
         #: The current operation's pipelined COMMIT succeeded (a later crash cannot undo it).
         self.committed = False
         self.last_statement = ""
+        #: The server session the current statement runs on (PostgreSQL and MySQL).
+        self.backend_id: int | None = None
+        #: The driver cancelled the current statement: it waited for a parked actor's lock.
+        self.wait_cancelled = False
         self.engines: list[Engine] = []
         self.thread = threading.Thread(target=self._main, name=f"sim-{name}", daemon=True)
 
@@ -205,6 +214,7 @@ class ActorCtx:
         if self.crashed:
             return
         self.last_statement = statement
+        self.backend_id = conn.connection.info.get("backend_id")
         self._yield("stmt")
         if self.txn_killed and self.driver.kind == "sqlite":
             # The session is gone (see _after): what the next statement on it gets.
@@ -323,6 +333,8 @@ class Driver:
         self.blocked: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.admin = _admin_engine(url)
+        #: PostgreSQL: the admin connection that checks whom a slow statement waits for.
+        self._watch: Connection | None = None
 
     # -- digest -----------------------------------------------------------------------
 
@@ -409,7 +421,10 @@ class Driver:
         """Count and record a statement's error (a lock wait that failed counts as blocked)."""
         err = type(exc).__name__
         text = str(exc).lower()
-        if "lock" in text and ("timeout" in text or "locked" in text or "wait" in text):
+        if ctx.wait_cancelled:
+            ctx.wait_cancelled = False
+            self.blocked[_kind_of(statement)] += 1
+        elif "lock" in text and ("timeout" in text or "locked" in text or "wait" in text):
             self.blocked[_kind_of(statement)] += 1
         self.errors[err] += 1
         self.record(ctx.name, statement or "", f"{_params(params)}|!{err}")
@@ -517,12 +532,38 @@ class Driver:
 
     def _grant(self, actor: ActorCtx) -> None:
         actor.state = "running"
+        actor.wait_cancelled = False
         actor.sem.release()
-        if not self._back.acquire(timeout=self.watchdog):
-            raise DriverStuck(
-                f"actor {actor.name} did not yield within {self.watchdog:g}s wall time; "
-                f"last statement: {actor.last_statement[:200]!r}"
-            )
+        if self.kind != "postgresql":
+            if not self._back.acquire(timeout=self.watchdog):
+                raise self._stuck(actor)
+            return
+        give_up = time.monotonic() + self.watchdog
+        while not self._back.acquire(timeout=PG_WAIT_CHECK_S):
+            if time.monotonic() > give_up:
+                raise self._stuck(actor)
+            self._fail_wait_on_parked(actor)
+
+    def _stuck(self, actor: ActorCtx) -> DriverStuck:
+        return DriverStuck(
+            f"actor {actor.name} did not yield within {self.watchdog:g}s wall time; "
+            f"last statement: {actor.last_statement[:200]!r}"
+        )
+
+    def _fail_wait_on_parked(self, actor: ActorCtx) -> None:
+        """Cancel ``actor``'s statement if it waits for a lock a session of this run holds.
+
+        Every other actor is parked, so that lock stays held: the wait would never end.
+        Sessions of other databases (another test's commit holding the NOTIFY lock) end
+        their waits by themselves. Cancelled, the statement fails with 57014.
+        """
+        if actor.backend_id is None:
+            return
+        if self._watch is None:
+            self._watch = self.admin.connect()
+        cancelled = self._watch.execute(_CANCEL_IF_PARKED, {"pid": actor.backend_id}).first()
+        if cancelled is not None and cancelled[0]:
+            actor.wait_cancelled = True
 
     def stop(self) -> None:
         """Let every actor run to its next sleep and exit (they see ``Stopped``)."""
@@ -540,6 +581,8 @@ class Driver:
             a.dispose_engines()
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         self.admin.dispose()
 
 
@@ -596,8 +639,26 @@ class _Pipelines:
             self.ctx.driver.failed(self.ctx, ";\n".join(statements), None, exc)
 
 
+#: Cancels the statement of session ``pid`` if it waits for a lock that a session of this
+#: run's database holds (the admin connection is on that database).
+_CANCEL_IF_PARKED = sa.text(
+    "SELECT pg_cancel_backend(:pid) WHERE EXISTS (SELECT 1 FROM pg_stat_activity AS b "
+    "WHERE b.pid = ANY (pg_blocking_pids(:pid)) AND b.datname = current_database())"
+)
+
+
 def _params(params: Any) -> str:
-    return repr(params)[:2000]
+    """``params`` as recorded: keys sorted, as SQLAlchemy's order of many-row insert keys
+    follows set order, which differs between processes (``PYTHONHASHSEED``)."""
+    return repr(_sorted_keys(params))[:2000]
+
+
+def _sorted_keys(params: Any) -> Any:
+    if isinstance(params, Mapping):
+        return {k: params[k] for k in sorted(params, key=str)}
+    if isinstance(params, (list, tuple)):
+        return [_sorted_keys(p) for p in params]
+    return params
 
 
 def _kind_of(statement: str | None) -> str:
