@@ -84,7 +84,20 @@ def test_same_seed_gives_the_same_digest(backend: Any) -> None:
     """Two runs of one seed on fresh databases send the same statement stream."""
     cfg = scenario("default", 2).with_(jobs=30)
     first, second = run(cfg, _server(backend)), run(cfg, _server(backend))
-    assert (first.steps, first.digest) == (second.steps, second.digest)
+    assert (first.steps, first.digest) == (second.steps, second.digest), _first_difference(
+        first.trace, second.trace
+    )
+
+
+def _first_difference(a: list[str], b: list[str]) -> str:
+    """Where two traces part (what a failed replay needs first), with the lines before."""
+    same = zip(a, b, strict=False)  # traces of different lengths part where one ends
+    k = next((i for i, (x, y) in enumerate(same) if x != y), min(len(a), len(b)))
+
+    def show(trace: list[str]) -> str:
+        return "\n".join(f"  {line[:200]}" for line in trace[max(0, k - 3) : k + 2])
+
+    return f"traces part at line {k}:\nfirst run:\n{show(a)}\nsecond run:\n{show(b)}"
 
 
 def test_statements_sent_in_one_pipeline_are_scheduled_and_recorded_as_one_step(
