@@ -31,8 +31,10 @@ def _server(backend: Any) -> str | None:
 @contextmanager
 def _slow_notify_commits(backend: Any) -> Iterator[None]:
     """Another client, in the test's own database, commits NOTIFY transactions back to
-    back, each held 100 ms inside its COMMIT (``commit_delay``): the lock PostgreSQL takes
-    for a NOTIFY commit is shared by every database, so it is held most of the time."""
+    back, each held 50 ms inside its COMMIT (``commit_delay``): the lock PostgreSQL takes
+    for a NOTIFY commit is shared by every database, so it is held most of the time.
+    50 ms: past the simulator's old 20 ms ``lock_timeout``, and short enough not to stall
+    the other tests on the server."""
     stop = threading.Event()
     engine = backend.engine()
     with engine.connect() as conn:
@@ -40,7 +42,7 @@ def _slow_notify_commits(backend: Any) -> Iterator[None]:
         conn.commit()
         try:
             conn.exec_driver_sql("SET commit_siblings = 0")
-            conn.exec_driver_sql("SET commit_delay = 100000")  # microseconds, superuser only
+            conn.exec_driver_sql("SET commit_delay = 50000")  # microseconds, superuser only
             conn.commit()
         except sa.exc.DBAPIError:
             pytest.skip("slowing commits down (commit_delay) needs a superuser")
