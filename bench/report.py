@@ -66,13 +66,25 @@ def _drain(result: dict[str, Any]) -> list[str]:
         if r["runner"] == "worker":
             name = f"Worker {r['mode']} x{r['workers']} {r['groups']} groups, {r['limit']} slots"
         extra = f"{r['vs_raw']:.2f}" if r.get("vs_raw") else ""
-        rows.append([name, *_smm(r["jobs_per_s"]), f"{r['ratio']:.2f}", extra])
+        rows.append([name, *_smm(r["jobs_per_s"]), f"{r['ratio']:.2f}", extra, *_cpu(r)])
     out += _table(
-        "Drain of no-op jobs (jobs/s, first claim to last finalize; x ref = same clients)",
-        ["runner", "median", "min", "max", "x ref", "x raw"],
+        "Drain of no-op jobs (jobs/s, first claim to last finalize; x ref = same clients; "
+        "CPU ms per job on this machine: the database server's processes, the rest, and "
+        "the share of the machine busy)",
+        ["runner", "median", "min", "max", "x ref", "x raw", "server", "rest", "busy"],
         rows,
     )
     return out
+
+
+def _cpu(row: dict[str, Any]) -> list[str]:
+    split = row.get("cpu") or {}
+    server, rest, busy = (split.get(k) for k in ("server_ms_per_job", "rest_ms_per_job", "busy"))
+    return [
+        "" if server is None else f"{server:.3f}",
+        "" if rest is None else f"{rest:.3f}",
+        "" if busy is None else f"{busy:.0%}",
+    ]
 
 
 def _latency(result: dict[str, Any]) -> list[str]:

@@ -23,7 +23,7 @@ from sqlalchemy.pool import NullPool
 
 import readyq
 
-from . import db, loops, probes
+from . import cpu, db, loops, probes
 from .config import Config
 from .runner import BenchError, Clients, rate, summarize
 
@@ -51,6 +51,9 @@ class Bench:
         self.log = log
         self.backend = db.backend_name(url)
         self.reference_rates: dict[str, dict[int, float]] = {}
+        self.cpu = cpu.CpuMeter(url)
+        #: The CPU split of each drain run, in order (see :meth:`_drain_run`).
+        self._cpu_runs: list[dict[str, Any]] = []
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -73,6 +76,24 @@ class Bench:
                     for i in range(start, min(n, start + 1000)):
                         k = i % groups
                         g.add("noop", {"i": i}, group=f"g{k}", weight=k + 1)
+
+    def _drain_run(self, n: int, mode: str, loop: Callable[..., Any], args: list[Any]) -> float:
+        """One drain of the ``n`` jobs in the table: its rate, and its CPU split noted."""
+        before = self.cpu.sample()
+        results = self.clients.run(mode, loop, args)
+        self._cpu_runs.append(self.cpu.split(before, self.cpu.sample(), n))
+        self._check_drained(n, results)
+        return rate(results)
+
+    def _cpu_of_repeats(self) -> Stats:
+        """Median CPU split of the measured repetitions (the warm-up's is left out)."""
+        runs = [r for r in self._cpu_runs[-self.cfg.repeat :] if r]
+        out: Stats = {}
+        for key in ("server_ms_per_job", "rest_ms_per_job", "busy"):
+            values = [r[key] for r in runs if r.get(key) is not None]
+            if values:
+                out[key] = statistics.median(values)
+        return out
 
     def _check_drained(self, n: int, results: list[loops.Result]) -> None:
         total = sum(int(r["count"]) for r in results)
@@ -162,9 +183,7 @@ class Bench:
                     ) -> float:
                         self._prefill(n)
                         args = [(self.url, f"{mode[0]}{i}", *lb) for i in range(w)]
-                        results = self.clients.run(mode, loops.drain_loop, args)
-                        self._check_drained(n, results)
-                        return rate(results)
+                        return self._drain_run(n, mode, loops.drain_loop, args)
 
                     # Quick: one warm-up for the whole section, not one per configuration.
                     warm = None if cfg.quick and rows else partial(once, cfg.warm_jobs)
@@ -178,6 +197,7 @@ class Bench:
                         "jobs": cfg.jobs,
                         "jobs_per_s": stats,
                         "ratio": stats["median"] / self.ref(mode, workers),
+                        "cpu": self._cpu_of_repeats(),
                     }
                     rows.append(row)
                     self.log(
@@ -199,9 +219,7 @@ class Bench:
                 def once(n: int, w: int = workers, mode: str = mode) -> float:
                     self._prefill(n, groups=cfg.fair_groups)
                     args = [(self.url, f"f{i}", slots, cfg.poll_interval) for i in range(w)]
-                    results = self.clients.run(mode, loops.worker_loop, args)
-                    self._check_drained(n, results)
-                    return rate(results)
+                    return self._drain_run(n, mode, loops.worker_loop, args)
 
                 stats = self._repeat(partial(once, cfg.jobs), partial(once, cfg.warm_jobs))
                 same = [
@@ -223,6 +241,7 @@ class Bench:
                         "vs_raw": (stats["median"] / same[0]["jobs_per_s"]["median"])
                         if same
                         else None,
+                        "cpu": self._cpu_of_repeats(),
                     }
                 )
                 self.log(

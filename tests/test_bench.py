@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,6 +87,24 @@ def test_drain_covers_workers_modes_limits_and_the_fair_worker(
     fair = {r["mode"] for r in rows if r["runner"] == "worker" and r["groups"] == 10}
     assert fair == {"thread", "process"}
     assert all(_positive(r["jobs_per_s"]) and r["ratio"] > 0 for r in rows)
+
+
+def test_drain_rows_split_their_cpu_between_server_and_the_rest(
+    quick_result: dict[str, Any], backend: Any
+) -> None:
+    """Each drain row says how busy the machine was and what the rest spent per job; the
+    server's share where the server runs on this machine (SQLite has no server)."""
+    if not Path("/proc/stat").is_file():
+        pytest.skip("the CPU split needs Linux /proc")
+    for row in quick_result["drain"]:
+        split = row["cpu"]
+        assert 0 < split["busy"] <= 1, row
+        assert split["rest_ms_per_job"] > 0, row
+        if backend.name == "sqlite":
+            assert "server_ms_per_job" not in split, row
+        else:
+            assert split["server_ms_per_job"] >= 0, row
+    assert "server" in quick_result["_stdout"]
 
 
 def test_latency_percentiles_are_ordered(quick_result: dict[str, Any]) -> None:
