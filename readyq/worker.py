@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from . import _process
 from ._scan import GroupStats
+from ._threads import HandlerThreads
 from .errors import InvalidJob, LeaseLost, ReadyqError
 from .fairshare import GroupDemand, fair_share
 from .handlers import Handler, Handlers, JobContext
@@ -142,6 +143,8 @@ class Worker:
         self._listener: threading.Thread | None = None
         self._heartbeats: threading.Thread | None = None
         self._done = threading.Event()
+        #: While :meth:`run` runs: handler threads it reuses (else a thread per job).
+        self._handler_threads: HandlerThreads[_Run] | None = None
 
     # -- events -----------------------------------------------------------------------
 
@@ -269,10 +272,14 @@ class Worker:
                 limit.acquire(lease, now)
             with self._lock:
                 self._runs[lease.job_id] = run
-            run.thread = threading.Thread(
-                target=self._call, args=(run,), daemon=True, name=f"readyq-job-{lease.job_id}"
-            )
-            run.thread.start()
+            name = f"readyq-job-{lease.job_id}"
+            if self._handler_threads is not None:
+                run.thread = self._handler_threads.start(run, name)
+            else:
+                run.thread = threading.Thread(
+                    target=self._call, args=(run,), daemon=True, name=name
+                )
+                run.thread.start()
         return len(leases)
 
     def _call(self, run: _Run) -> None:
@@ -456,6 +463,7 @@ class Worker:
             target=self._heartbeat_loop, daemon=True, name="readyq-heartbeat"
         )
         self._heartbeats.start()
+        self._handler_threads = HandlerThreads(self._call)
         try:
             while not self._stopping.is_set():
                 try:
@@ -476,6 +484,9 @@ class Worker:
         finally:
             self._stopping.set()
             self._done.set()
+            if self._handler_threads is not None:
+                self._handler_threads.close()
+                self._handler_threads = None
             for thread in (self._listener, self._heartbeats):
                 if thread is not None:
                     thread.join(5)

@@ -296,6 +296,54 @@ class TestSlots:
         assert (held_after_loss, limit.held, w.running) == (0, 0, 0)
 
 
+class TestHandlerThreads:
+    @staticmethod
+    def _threads_of_a_run(queue: readyq.Queue, jobs: int, slots: int) -> list[threading.Thread]:
+        """The thread each of ``jobs`` jobs ran on, in one ``run(until_idle=True)``."""
+        seen: list[threading.Thread] = []
+        with queue.graph() as g:
+            for i in range(jobs):
+                g.add("note", {"i": i})
+        w = Worker(
+            queue,
+            {"note": lambda ctx, args: seen.append(threading.current_thread())},
+            limits=[Concurrency(slots)],
+            poll_interval=0.01,
+        )
+        w.run(until_idle=True)
+        return seen
+
+    def test_a_running_worker_reuses_its_handler_threads(self, queue: readyq.Queue) -> None:
+        """40 jobs, 4 slots: run() starts a handler thread per slot, not per job (at most
+        one more per slot, for a thread that has not yet parked when the next job comes)."""
+        seen = self._threads_of_a_run(queue, 40, 4)
+        assert queue.counts()["done"] == 40
+        assert len({id(t) for t in seen}) <= 8
+
+    def test_a_handler_runs_on_a_thread_named_after_its_job(self, queue: readyq.Queue) -> None:
+        """A reused thread takes the name of the job it runs, as a new one did."""
+        names: dict[int, str] = {}
+        for _ in range(6):
+            queue.enqueue("name")
+        w = Worker(
+            queue,
+            {"name": lambda ctx, args: names.update({ctx.job_id: threading.current_thread().name})},
+            limits=[Concurrency(2)],
+            poll_interval=0.01,
+        )
+        w.run(until_idle=True)
+        assert names == {job: f"readyq-job-{job}" for job in names}
+        assert len(names) == 6
+
+    def test_a_stopped_worker_leaves_no_handler_thread_behind(self, queue: readyq.Queue) -> None:
+        """When run() returns, the threads it reused have ended (idle ones are told to)."""
+        seen = self._threads_of_a_run(queue, 10, 3)
+        for thread in seen:
+            thread.join(10)
+        assert seen
+        assert not [t for t in seen if t.is_alive()]
+
+
 class TestLiveness:
     def test_hung_handler_is_timed_out_while_heart_beating(self, queue: readyq.Queue) -> None:
         """A handler past its job's timeout is abandoned and the job fails, heartbeats or not."""
