@@ -236,9 +236,10 @@ def _compiled(stmt: sa.Executable, dialect: sa.Dialect) -> Any:
 
 
 def _rows(cur: Any) -> list[Any]:
-    if cur.description is None:
+    description = cur.description  # psycopg builds it anew on every access
+    if description is None:
         return []
-    row = _row_type(tuple(col.name for col in cur.description))
+    row = _row_type(tuple(col.name for col in description))
     return [row(*r) for r in cur.fetchall()]
 
 
