@@ -28,7 +28,6 @@ class HandlerThreads(Generic[T]):
         self._target = target
         self._lock = threading.Lock()
         self._idle: list[_HandlerThread[T]] = []
-        self._all: list[_HandlerThread[T]] = []
         self._closed = False
 
     def start(self, item: T, name: str) -> threading.Thread:
@@ -40,7 +39,6 @@ class HandlerThreads(Generic[T]):
             worker = self._idle.pop() if self._idle else None
             if worker is None:
                 worker = _HandlerThread(self)
-                self._all.append(worker)
         worker.give(item, name)
         return worker.thread
 
@@ -51,11 +49,6 @@ class HandlerThreads(Generic[T]):
             idle, self._idle = self._idle, []
         for worker in idle:
             worker.inbox.put(None)
-
-    def threads(self) -> list[threading.Thread]:
-        """Every thread these handler threads started (for tests and shutdown)."""
-        with self._lock:
-            return [w.thread for w in self._all]
 
     def _done(self, worker: _HandlerThread[T]) -> bool:
         """``worker`` finished its item: park it as idle; False if it should end."""
