@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--backlog", type=_ints, help="ready backlogs of the Worker tick (default 1000,100000)"
     )
+    p.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="drain tables the planner has no statistics for (default: ANALYZE after filling)",
+    )
     p.add_argument("--profile", action="store_true", help="also cProfile the single-worker drain")
     p.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
     p.add_argument("--json", metavar="PATH", help="write the full result as JSON")
@@ -92,6 +97,7 @@ def config_from(args: argparse.Namespace) -> Config:
     if args.backlog:
         cfg.backlog_sizes = sorted(args.backlog)
     cfg.profile = args.profile
+    cfg.analyze = not args.no_analyze
     return cfg
 
 

@@ -15,6 +15,10 @@ class Config:
     quick: bool = False
     #: Jobs pre-enqueued per drain measurement.
     jobs: int = 2000
+    #: ANALYZE the tables after filling them for a drain (PostgreSQL, MySQL/MariaDB), as
+    #: autovacuum does on a default server. False: the planner has no statistics (a new
+    #: table, or a server without autovacuum), and PostgreSQL plans a small table badly.
+    analyze: bool = True
     workers: list[int] = field(default_factory=lambda: [1, 4, 8, 32])
     modes: list[str] = field(default_factory=lambda: ["thread", "process"])
     #: Worker counts of the process mode (None: the same as ``workers``).

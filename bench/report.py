@@ -246,7 +246,10 @@ def render(result: dict[str, Any]) -> str:
     out = [
         f"readyq bench: {meta['backend']} ({meta['server']}), {meta['cpus']} CPUs, "
         f"repeat {meta['config']['repeat']} (median, min, max), "
-        f"{meta['config']['jobs']} jobs per drain{', QUICK' if meta['config']['quick'] else ''}"
+        f"{meta['config']['jobs']} jobs per drain{', QUICK' if meta['config']['quick'] else ''}",
+        "tables ANALYZEd after each fill"
+        if meta["config"].get("analyze", True)
+        else "tables NOT analyzed after filling (--no-analyze): the planner has no statistics",
     ]
     for key, fn in _SECTIONS:
         if result.get(key):

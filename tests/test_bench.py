@@ -159,6 +159,11 @@ def test_write_cost_counts_statements_and_transactions(quick_result: dict[str, A
         assert cost["drain_limit_1"]["dead_tuples_per_job"] >= 0
 
 
+def test_report_says_the_drain_tables_were_analyzed(quick_result: dict[str, Any]) -> None:
+    assert quick_result["meta"]["config"]["analyze"] is True
+    assert "tables ANALYZEd after each fill" in quick_result["_stdout"]
+
+
 def test_terminal_table_names_every_section(quick_result: dict[str, Any]) -> None:
     """The printed table has a heading per section."""
     text = quick_result["_stdout"]
@@ -201,3 +206,34 @@ def test_profile_times_every_worker_stage(
     assert worker["ticks"] >= worker["jobs"] / worker["slots"]
     assert all(st["ms_per_tick"] >= 0 for st in worker["stages"].values())
     assert worker["stages"]["persist_and_lease"]["ms_per_tick"] > 0
+
+
+@pytest.mark.parametrize("analyze", [True, False], ids=["analyze", "no-analyze"])
+def test_drain_fill_leaves_planner_statistics_unless_no_analyze(
+    backend: Any, analyze: bool
+) -> None:
+    """The drain's tables are ANALYZEd after filling (PostgreSQL: ``reltuples`` counts
+    them), as autovacuum would; ``--no-analyze`` leaves a table never analyzed (-1)."""
+    from readyq_bench.config import Config
+    from readyq_bench.sections import Bench
+
+    import readyq
+
+    if backend.name != "postgresql":
+        pytest.skip("PostgreSQL shows whether a table was analyzed (InnoDB recounts alone)")
+    with readyq.Queue(backend.url) as q:
+        q.install()
+    bench = Bench(Config(analyze=analyze), backend.url, clients=None, log=lambda _: None)
+    bench._prefill(30, groups=3)  # no clients: only the fill runs
+    with backend.engine().connect() as conn:
+        tuples = conn.execute(
+            sa.text("SELECT reltuples FROM pg_class WHERE relname = 'readyq_jobs'")
+        ).scalar_one()
+    assert tuples == (30 if analyze else -1)
+
+
+def test_no_analyze_flag_turns_the_fill_analyze_off() -> None:
+    from readyq_bench.cli import build_parser, config_from
+
+    assert config_from(build_parser().parse_args([])).analyze is True
+    assert config_from(build_parser().parse_args(["--no-analyze"])).analyze is False
