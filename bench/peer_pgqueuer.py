@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
+import functools
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 from typing import Any
+
+from peer_common import admin_database, drain_rate, mark  # bench/ is sys.path[0]
 
 try:
     import asyncpg
@@ -38,26 +39,21 @@ except ImportError as exc:  # a manual tool: say how to get what it needs
     raise SystemExit(f"needs PGQueuer 1.6 and asyncpg ({exc}): see this file's docstring") from None
 
 
-async def _drain(dsn: str, barrier: Any, out: Any) -> None:
+async def _drain(dsn: str, seen: dict[str, float], ready: Any) -> None:
     conn = await asyncpg.connect(dsn)
     qm = QueueManager(Queries(AsyncpgDriver(conn)))
-    seen = {"n": 0, "first": 0.0, "last": 0.0}
 
     @qm.entrypoint("noop")
     async def noop(job: Any) -> None:
-        now = time.time()
-        seen["first"] = seen["first"] or now
-        seen["last"] = now
-        seen["n"] += 1
+        mark(seen)
 
-    barrier.wait()
+    ready()
     await qm.run(batch_size=10, mode=QueueExecutionMode.drain)
     await conn.close()
-    out.put(seen)
 
 
-def _process(dsn: str, barrier: Any, out: Any) -> None:
-    asyncio.run(_drain(dsn, barrier, out))
+def _run(dsn: str, seen: dict[str, float], ready: Any) -> None:
+    asyncio.run(_drain(dsn, seen, ready))
 
 
 async def _fill(dsn: str, jobs: int, analyze: bool) -> None:
@@ -72,31 +68,6 @@ async def _fill(dsn: str, jobs: int, analyze: bool) -> None:
     await conn.close()
 
 
-async def _admin(dsn: str, sql: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-def _rate(dsn: str, jobs: int, procs: int, analyze: bool) -> float:
-    asyncio.run(_fill(dsn, jobs, analyze))
-    ctx = multiprocessing.get_context("spawn")
-    barrier, out = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_process, args=(dsn, barrier, out)) for _ in range(procs)]
-    for w in workers:
-        w.start()
-    seen = [out.get(timeout=600) for _ in workers]
-    for w in workers:
-        w.join()
-    done = sum(s["n"] for s in seen)
-    if done != jobs:
-        raise SystemExit(f"PGQueuer ran {done} of {jobs} jobs")
-    first = min(s["first"] for s in seen if s["n"])
-    return done / (max(s["last"] for s in seen) - first)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
@@ -105,24 +76,21 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--analyze", action="store_true", help="ANALYZE after each fill")
     args = p.parse_args()
-    name = f"readyq_bench_pgq_{uuid.uuid4().hex[:12]}"
-    base, _, _ = args.dsn.rpartition("/")
-    dsn = f"{base}/{name}"
-    asyncio.run(_admin(args.dsn, f'CREATE DATABASE "{name}"'))  # a generated identifier
-    try:
+    with admin_database(args.dsn, f"readyq_bench_pgq_{uuid.uuid4().hex[:12]}") as dsn:
         cmd = [sys.executable, "-m", "pgqueuer", "--pg-dsn", dsn, "install"]
         subprocess.run(cmd, check=True, capture_output=True)  # noqa: S603 -- this interpreter, fixed arguments
         for procs in [int(x) for x in args.procs.split(",")]:
-            _rate(dsn, args.jobs, procs, args.analyze)  # warm-up, discarded
-            rates = [_rate(dsn, args.jobs, procs, args.analyze) for _ in range(args.repeat)]
+            rates = []
+            for _ in range(args.repeat + 1):  # the first is a warm-up
+                asyncio.run(_fill(dsn, args.jobs, args.analyze))
+                rates.append(drain_rate(functools.partial(_run, dsn), procs, args.jobs))
+            rates = rates[1:]
             print(
                 f"PGQueuer x{procs} processes, batch 10, {args.jobs} jobs: median "
                 f"{statistics.median(rates):,.0f} jobs/s (min {min(rates):,.0f}, "
                 f"max {max(rates):,.0f})",
                 flush=True,
             )
-    finally:
-        asyncio.run(_admin(args.dsn, f'DROP DATABASE "{name}" WITH (FORCE)'))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,82 @@
+"""What the peer drains (``peer_pgqueuer.py``, ``peer_procrastinate.py``) share: a scratch
+database of their own, and a drain's rate over several processes. Standard library only,
+plus whichever PostgreSQL driver the peer's virtualenv has (psycopg or asyncpg)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+#: A peer's worker in one process: ``run(seen, ready)`` calls ``ready()`` once it is
+#: connected (the processes then start together), drains the queue, and counts each job
+#: it ran in ``seen`` with :func:`mark`.
+Run = Callable[[dict[str, float], Callable[[], None]], None]
+
+
+def mark(seen: dict[str, float]) -> None:
+    """Count one job started now (wall clock: comparable across processes)."""
+    now = time.time()
+    seen["n"] += 1
+    seen["first"] = seen["first"] or now
+    seen["last"] = now
+
+
+def fresh() -> dict[str, float]:
+    return {"n": 0, "first": 0.0, "last": 0.0}
+
+
+def _child(run: Run, barrier: Any, out: Any) -> None:
+    seen = fresh()
+    run(seen, lambda: barrier.wait(120))
+    out.put(seen)
+
+
+def drain_rate(run: Run, procs: int, jobs: int) -> float:
+    """jobs/s of ``procs`` processes each running ``run`` (picklable) until the queue is
+    empty, from the first job started to the last; every job must have run once."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(procs), ctx.Queue()
+    workers = [ctx.Process(target=_child, args=(run, barrier, out)) for _ in range(procs)]
+    for w in workers:
+        w.start()
+    seen = [out.get(timeout=600) for _ in workers]
+    for w in workers:
+        w.join()
+    done = sum(int(s["n"]) for s in seen)
+    if done != jobs:
+        raise SystemExit(f"the peer ran {done} of {jobs} jobs")
+    first = min(s["first"] for s in seen if s["n"])
+    return done / (max(s["last"] for s in seen) - first)
+
+
+def _execute(dsn: str, sql: str) -> None:
+    try:
+        import psycopg
+    except ImportError:
+        import asyncpg
+
+        async def run() -> None:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute(sql)
+            finally:
+                await conn.close()
+
+        asyncio.run(run())
+        return
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+@contextmanager
+def admin_database(admin_dsn: str, name: str) -> Iterator[str]:
+    """A new database ``name`` on ``admin_dsn``'s server (its DSN), dropped afterwards."""
+    _execute(admin_dsn, f'CREATE DATABASE "{name}"')  # a generated identifier, not a value
+    try:
+        yield f"{admin_dsn.rpartition('/')[0]}/{name}"
+    finally:
+        _execute(admin_dsn, f'DROP DATABASE "{name}" WITH (FORCE)')
