@@ -4,8 +4,10 @@ plus whichever PostgreSQL driver the peer's virtualenv has (psycopg or asyncpg).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import multiprocessing
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,6 +53,33 @@ def drain_rate(run: Run, procs: int, jobs: int) -> float:
         raise SystemExit(f"the peer ran {done} of {jobs} jobs")
     first = min(s["first"] for s in seen if s["n"])
     return done / (max(s["last"] for s in seen) - first)
+
+
+def parser(doc: str, jobs: int) -> argparse.ArgumentParser:
+    """The options every peer drain takes; the caller adds its own."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    p.add_argument("--jobs", type=int, default=jobs)
+    p.add_argument("--procs", default="1,8", help="process counts (default 1,8)")
+    p.add_argument("--repeat", type=int, default=3)
+    return p
+
+
+def measure(label: str, args: argparse.Namespace, fill: Callable[[], None], run: Run) -> None:
+    """For each ``--procs`` count: ``fill()`` then a drain, once to warm up and
+    ``--repeat`` times measured; prints the median, min and max jobs/s."""
+    for procs in [int(x) for x in args.procs.split(",")]:
+        rates = []
+        for _ in range(args.repeat + 1):  # the first is a warm-up
+            fill()
+            rates.append(drain_rate(run, procs, args.jobs))
+        rates = rates[1:]
+        print(
+            f"{label} x{procs} processes, {args.jobs} jobs: median "
+            f"{statistics.median(rates):,.0f} jobs/s (min {min(rates):,.0f}, "
+            f"max {max(rates):,.0f})",
+            flush=True,
+        )
 
 
 def _execute(dsn: str, sql: str) -> None:

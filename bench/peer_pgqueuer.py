@@ -18,16 +18,14 @@ after each fill, as ``readyq bench`` does by default.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
-import statistics
 import subprocess
 import sys
 import uuid
 from typing import Any
 
-from peer_common import admin_database, drain_rate, mark  # bench/ is sys.path[0]
+from peer_common import admin_database, mark, measure, parser  # bench/ is sys.path[0]
 
 try:
     import asyncpg
@@ -69,28 +67,18 @@ async def _fill(dsn: str, jobs: int, analyze: bool) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    p.add_argument("--jobs", type=int, default=5000)
-    p.add_argument("--procs", default="1,8", help="process counts (default 1,8)")
-    p.add_argument("--repeat", type=int, default=3)
+    p = parser(__doc__, jobs=5000)
     p.add_argument("--analyze", action="store_true", help="ANALYZE after each fill")
     args = p.parse_args()
     with admin_database(args.dsn, f"readyq_bench_pgq_{uuid.uuid4().hex[:12]}") as dsn:
         cmd = [sys.executable, "-m", "pgqueuer", "--pg-dsn", dsn, "install"]
         subprocess.run(cmd, check=True, capture_output=True)  # noqa: S603 -- this interpreter, fixed arguments
-        for procs in [int(x) for x in args.procs.split(",")]:
-            rates = []
-            for _ in range(args.repeat + 1):  # the first is a warm-up
-                asyncio.run(_fill(dsn, args.jobs, args.analyze))
-                rates.append(drain_rate(functools.partial(_run, dsn), procs, args.jobs))
-            rates = rates[1:]
-            print(
-                f"PGQueuer x{procs} processes, batch 10, {args.jobs} jobs: median "
-                f"{statistics.median(rates):,.0f} jobs/s (min {min(rates):,.0f}, "
-                f"max {max(rates):,.0f})",
-                flush=True,
-            )
+        measure(
+            "PGQueuer, batch 10,",
+            args,
+            lambda: asyncio.run(_fill(dsn, args.jobs, args.analyze)),
+            functools.partial(_run, dsn),
+        )
 
 
 if __name__ == "__main__":

@@ -17,14 +17,12 @@ warm-up.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
-import statistics
 import uuid
 from typing import Any
 
-from peer_common import admin_database, drain_rate, fresh, mark  # bench/ is sys.path[0]
+from peer_common import admin_database, fresh, mark, measure, parser  # bench/ is sys.path[0]
 
 try:
     import procrastinate
@@ -66,28 +64,17 @@ async def _fill(dsn: str, jobs: int, install: bool) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    p.add_argument("--jobs", type=int, default=3000)
-    p.add_argument("--procs", default="1,8", help="process counts (default 1,8)")
+    p = parser(__doc__, jobs=3000)
     p.add_argument("--concurrency", type=int, default=1, help="jobs at a time per worker")
-    p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     with admin_database(args.dsn, f"readyq_bench_proc_{uuid.uuid4().hex[:12]}") as dsn:
         asyncio.run(_fill(dsn, 0, install=True))
-        for procs in [int(x) for x in args.procs.split(",")]:
-            rates = []
-            for _ in range(args.repeat + 1):  # the first is a warm-up
-                asyncio.run(_fill(dsn, args.jobs, install=False))
-                run = functools.partial(_run, dsn, args.concurrency)
-                rates.append(drain_rate(run, procs, args.jobs))
-            rates = rates[1:]
-            print(
-                f"Procrastinate x{procs} processes, concurrency {args.concurrency}, "
-                f"{args.jobs} jobs: median {statistics.median(rates):,.0f} jobs/s "
-                f"(min {min(rates):,.0f}, max {max(rates):,.0f})",
-                flush=True,
-            )
+        measure(
+            f"Procrastinate, concurrency {args.concurrency},",
+            args,
+            lambda: asyncio.run(_fill(dsn, args.jobs, install=False)),
+            functools.partial(_run, dsn, args.concurrency),
+        )
 
 
 if __name__ == "__main__":
