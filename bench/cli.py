@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="drain tables the planner has no statistics for (default: ANALYZE after filling)",
     )
+    p.add_argument(
+        "--scan-max-age",
+        type=float,
+        metavar="SECONDS",
+        help="the Workers' scan_max_age (default: the Worker's; 0 scans on every tick)",
+    )
     p.add_argument("--profile", action="store_true", help="also cProfile the single-worker drain")
     p.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
     p.add_argument("--json", metavar="PATH", help="write the full result as JSON")
@@ -98,6 +104,10 @@ def config_from(args: argparse.Namespace) -> Config:
         cfg.backlog_sizes = sorted(args.backlog)
     cfg.profile = args.profile
     cfg.analyze = not args.no_analyze
+    if args.scan_max_age is not None:
+        if not args.scan_max_age >= 0:
+            raise SystemExit("--scan-max-age takes a number of seconds >= 0")
+        cfg.scan_max_age = args.scan_max_age
     return cfg
 
 

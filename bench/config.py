@@ -38,6 +38,9 @@ class Config:
     latency_samples: int = 200
     latency_gap: float = 0.01
     poll_interval: float = 0.005
+    #: ``readyq.Worker(scan_max_age=...)`` of every Worker the bench runs (None: its
+    #: default). 0 scans on every tick, as every Worker did before the option existed.
+    scan_max_age: float | None = None
     finished_sizes: list[int] = field(default_factory=lambda: [1000, 100_000, 1_000_000])
     blocked_sizes: list[int] = field(default_factory=lambda: [100_000])
     scaling_claims: int = 100

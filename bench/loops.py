@@ -148,8 +148,16 @@ def _noop(ctx: readyq.JobContext, args: dict[str, Any]) -> None:
     return None
 
 
-def worker_loop(url: str, worker_id: str, slots: int, poll: float, barrier: Barrier) -> Result:
-    """``readyq.Worker`` (scan, fair-share ranking, claim, a thread per job, persist)."""
+def worker_loop(  # noqa: PLR0917  # the runner calls fn(*args, barrier)
+    url: str,
+    worker_id: str,
+    slots: int,
+    poll: float,
+    scan_max_age: float | None,
+    barrier: Barrier,
+) -> Result:
+    """``readyq.Worker`` (scan, fair-share ranking, claim, a thread per job, persist);
+    ``scan_max_age`` None: the Worker's default."""
 
     def run() -> Result:
         q = readyq.Queue(url)
@@ -172,6 +180,7 @@ def worker_loop(url: str, worker_id: str, slots: int, poll: float, barrier: Barr
                 limits=[readyq.Concurrency(slots)],
                 poll_interval=poll,
                 hooks=[hook],
+                **_scan_option(scan_max_age),
             )
             barrier.wait(120)
             worker.run(until_idle=True)
@@ -186,11 +195,22 @@ def worker_loop(url: str, worker_id: str, slots: int, poll: float, barrier: Barr
 STAGES = ("collect", "reclaim_due", "scan", "rank", "persist_and_lease", "dispatch")
 
 
-def worker_stages(url: str, slots: int, poll: float, stop_after: int | None = None) -> Result:
+def _scan_option(scan_max_age: float | None) -> dict[str, float]:
+    return {} if scan_max_age is None else {"scan_max_age": scan_max_age}
+
+
+def worker_stages(
+    url: str,
+    slots: int,
+    poll: float,
+    stop_after: int | None = None,
+    scan_max_age: float | None = None,
+) -> Result:
     """One ``readyq.Worker`` draining the queue, each tick stage timed (wall seconds).
 
     ``stop_after``: stop once that many jobs are finished (else when the queue is idle);
-    ``done`` is then the jobs this worker finished.
+    ``done`` is then the jobs this worker finished. ``scans`` counts the ticks that
+    scanned the ready set (the others reused a recent scan: ``Worker(scan_max_age=...)``).
     """
     spent = dict.fromkeys(STAGES, 0.0)
     calls = dict.fromkeys(STAGES, 0)
@@ -204,6 +224,7 @@ def worker_stages(url: str, slots: int, poll: float, stop_after: int | None = No
             worker_id="stages",
             limits=[readyq.Concurrency(slots)],
             poll_interval=poll,
+            **_scan_option(scan_max_age),
         )
         for name in STAGES:
             real = getattr(worker, name)
@@ -223,11 +244,24 @@ def worker_stages(url: str, slots: int, poll: float, stop_after: int | None = No
                 return got
 
             setattr(worker, name, timed)  # the instance's attribute: tick() calls it
+        ticks = [0]
+        real_tick = worker.tick
+
+        def counted() -> Any:
+            ticks[0] += 1
+            return real_tick()
+
+        worker.tick = counted  # type: ignore[method-assign]  # run() calls the instance's
         t = time.perf_counter()
         worker.run(until_idle=stop_after is None)
         wall = time.perf_counter() - t
         done = q.counts()["done"] if stop_after is None else finished
     finally:
         q.close()
-    # scan runs once per tick; persist also runs while the worker shuts down
-    return {"wall_s": wall, "done": done, "ticks": calls["scan"], "stages_s": spent}
+    return {
+        "wall_s": wall,
+        "done": done,
+        "ticks": ticks[0],
+        "scans": calls["scan"],
+        "stages_s": spent,
+    }

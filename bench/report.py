@@ -140,7 +140,7 @@ def _scaling(result: dict[str, Any]) -> list[str]:
 def _backlog(result: dict[str, Any]) -> list[str]:
     block = result["backlog"]
     rows = [
-        [f"{int(size):,} ready", *_smm(s["jobs_per_s"]), _n(s["scan_ms_per_tick"]["median"])]
+        [f"{int(size):,} ready", *_smm(s["jobs_per_s"]), _n(s["scan_ms"]["median"])]
         for size, s in block["sizes"].items()
     ]
     rows.append(
@@ -155,7 +155,7 @@ def _backlog(result: dict[str, Any]) -> list[str]:
     return _table(
         f"Backlog: one Worker ({block['slots']} slots, {block['groups']} weighted groups) "
         f"draining {block['jobs']} jobs beside a ready backlog (jobs/s)",
-        ["backlog", "median", "min", "max", "scan ms/tick"],
+        ["backlog", "median", "min", "max", "ms/scan"],
         rows,
     )
 
@@ -251,6 +251,8 @@ def render(result: dict[str, Any]) -> str:
         if meta["config"].get("analyze", True)
         else "tables NOT analyzed after filling (--no-analyze): the planner has no statistics",
     ]
+    age = meta["config"].get("scan_max_age")
+    out.append(f"Workers: scan_max_age {'(the Worker default)' if age is None else f'{age:g} s'}")
     for key, fn in _SECTIONS:
         if result.get(key):
             out += fn(result)

@@ -221,7 +221,10 @@ class Bench:
 
                 def once(n: int, w: int = workers, mode: str = mode) -> float:
                     self._prefill(n, groups=cfg.fair_groups)
-                    args = [(self.url, f"f{i}", slots, cfg.poll_interval) for i in range(w)]
+                    args = [
+                        (self.url, f"f{i}", slots, cfg.poll_interval, cfg.scan_max_age)
+                        for i in range(w)
+                    ]
                     return self._drain_run(n, mode, loops.worker_loop, args)
 
                 stats = self._repeat(partial(once, cfg.jobs), partial(once, cfg.warm_jobs))
@@ -408,7 +411,9 @@ class Bench:
             for size, _ in _filled_to(engine, cfg.backlog_sizes, **fill):
                 runs = []
                 for rep in range(cfg.repeat + 1):  # the first is a discarded warm-up
-                    got = loops.worker_stages(self.url, slots, cfg.poll_interval, cfg.backlog_jobs)
+                    got = loops.worker_stages(
+                        self.url, slots, cfg.poll_interval, cfg.backlog_jobs, cfg.scan_max_age
+                    )
                     if got["done"] < cfg.backlog_jobs:
                         raise BenchError(f"backlog: the Worker finished {got['done']} jobs")
                     db.fill_jobs(engine, int(got["done"]), **fill)  # back to ``size``
@@ -416,8 +421,8 @@ class Bench:
                         runs.append(got)
                 per[str(size)] = {
                     "jobs_per_s": summarize([r["done"] / r["wall_s"] for r in runs]),
-                    "scan_ms_per_tick": summarize(
-                        [1000 * r["stages_s"]["scan"] / max(1, r["ticks"]) for r in runs]
+                    "scan_ms": summarize(
+                        [1000 * r["stages_s"]["scan"] / max(1, r["scans"]) for r in runs]
                     ),
                 }
                 self.log(
@@ -425,7 +430,7 @@ class Bench:
                     f"{per[str(size)]['jobs_per_s']['median']:.0f} jobs/s"
                 )
         rates = [v["jobs_per_s"]["median"] for v in per.values()]
-        scans = [v["scan_ms_per_tick"]["median"] for v in per.values()]
+        scans = [v["scan_ms"]["median"] for v in per.values()]
         return {
             "sizes": per,
             "jobs": cfg.backlog_jobs,
@@ -578,7 +583,7 @@ class Bench:
         cfg = self.cfg
         slots = max(cfg.limits)
         self._prefill(cfg.profile_jobs, groups=cfg.fair_groups)
-        got = loops.worker_stages(self.url, slots, cfg.poll_interval)
+        got = loops.worker_stages(self.url, slots, cfg.poll_interval, scan_max_age=cfg.scan_max_age)
         if got["done"] != cfg.profile_jobs:
             raise BenchError(f"Worker stages: {got['done']} of {cfg.profile_jobs} jobs done")
         ticks = max(1, int(got["ticks"]))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -43,6 +43,63 @@ class GroupStats:
     ready: int
     running: int
     weight: float
+
+
+@dataclass
+class RecentScan:
+    """A Worker's last capped scan, kept current with the Worker's own claims and ends,
+    and reused by its ticks for up to ``max_age`` seconds (0: never reused).
+
+    A scan costs a round trip and, on PostgreSQL, a plan: a quarter of a tick of ten
+    no-op jobs (docs/benchmarks.md, session 11). What a reuse cannot know is what *other*
+    workers did since, and jobs that became ready since: so it is only offered while
+    the view still shows a ready job, and the Worker forgets it (:meth:`forget`) whenever a
+    claim came back short of its ranking or a sweep made jobs ready again.
+
+    Bookkeeping: ``running`` is the scan's count plus this worker's claims since, minus
+    its runs that ended since (each ended run was counted once: in the scan, or by
+    :meth:`claimed`). ``ready`` is the scan's count minus the claims since, except for a
+    group whose count reached the scan's cap: it may hold any number more, so it keeps
+    its count, and a claim that finds fewer makes the Worker scan again.
+
+    Internal; not thread-safe: the Worker calls it under its lock.
+    """
+
+    max_age: float
+    _stats: list[GroupStats] | None = None
+    _cap: int = 0
+    _at: float = 0.0
+    _claimed: dict[str, int] = field(default_factory=dict)
+    _ended: dict[str, int] = field(default_factory=dict)
+
+    def view(self, free: int, now: float) -> list[GroupStats] | None:
+        """The last scan as it stands now, or None when a fresh scan is due."""
+        if self._stats is None or free > self._cap or now - self._at >= self.max_age:
+            return None
+        out = []
+        for s in self._stats:
+            taken = self._claimed.get(s.group, 0)
+            ready = s.ready if s.ready >= self._cap else max(0, s.ready - taken)
+            running = max(0, s.running + taken - self._ended.get(s.group, 0))
+            out.append(GroupStats(s.group, ready, running, s.weight))
+        return out if any(s.ready for s in out) else None
+
+    def took(self, stats: list[GroupStats], cap: int, now: float) -> None:
+        """Keep a fresh scan, capped at ``cap`` ready jobs per group, taken at ``now``."""
+        self._stats, self._cap, self._at = stats, cap, now
+        self._claimed.clear()
+        self._ended.clear()
+
+    def claimed(self, group: str) -> None:
+        if self._stats is not None:
+            self._claimed[group] = self._claimed.get(group, 0) + 1
+
+    def ended(self, group: str) -> None:
+        if self._stats is not None:
+            self._ended[group] = self._ended.get(group, 0) + 1
+
+    def forget(self) -> None:
+        self._stats = None
 
 
 def scan(conn: Connection, ad: Adapter, *, now: int, limit: int | None = None) -> list[GroupStats]:

@@ -13,6 +13,7 @@ import signal
 import socket
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import _process
-from ._scan import GroupStats
+from ._scan import GroupStats, RecentScan
 from ._threads import HandlerThreads
 from .errors import InvalidJob, LeaseLost, ReadyqError
 from .fairshare import GroupDemand, fair_share
@@ -76,6 +77,7 @@ class Worker:
         group_caps: Mapping[str, int] | None = None,
         hooks: Iterable[Hook] = (),
         listen: bool = False,
+        scan_max_age: float = 0.05,
     ) -> None:
         for name, value in (
             ("lease_ttl", lease_ttl),
@@ -114,6 +116,15 @@ class Worker:
             raise InvalidJob(
                 f"reclaim_every must be a positive number of seconds, not {reclaim_every!r}"
             )
+        if (
+            isinstance(scan_max_age, bool)
+            or not isinstance(scan_max_age, (int, float))
+            or not 0 <= scan_max_age < float("inf")
+        ):
+            raise InvalidJob(
+                f"scan_max_age must be a number of seconds >= 0 (0: scan on every tick), "
+                f"not {scan_max_age!r}"
+            )
         for group, cap in (group_caps or {}).items():
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
                 raise InvalidJob(f"group_caps[{group!r}] must be a non-negative int, not {cap!r}")
@@ -134,6 +145,8 @@ class Worker:
         self._clock = queue.clock
         self._runs: dict[int, _Run] = {}
         self._served: dict[str, int] = {}
+        #: The last scan, reused by ticks for ``scan_max_age`` seconds (under ``_lock``).
+        self._recent = RecentScan(float(scan_max_age))
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -179,10 +192,18 @@ class Worker:
         ranking: list[str] = []
         if not self._stopping.is_set():
             free = self.free_slots()  # once: the scan's cap must be the slots ranked
-            ranking = self.rank(self.scan(free), free)
-        done, gone, leases = self.persist_and_lease(ranking)
+            ranking = self.rank(self._ready_set(free), free)
+        try:
+            done, gone, leases = self.persist_and_lease(ranking)
+        except BaseException:
+            self._forget_scan()  # what was claimed and finished is unknown: scan again
+            raise
         for lease in leases:
             claimed[lease.group] = claimed.get(lease.group, 0) + 1
+        if any(claimed.get(g, 0) < n for g, n in Counter(ranking).items()):
+            # A ranked group had fewer ready jobs than the scan showed (another worker
+            # took them, or the scan was reused): the next tick must not rank it again.
+            self._forget_scan()
         dispatched = self.dispatch(leases)
         return TickReport(reclaimed, claimed, dispatched, finished + done, lost + gone)
 
@@ -194,6 +215,7 @@ class Worker:
         self._last_reclaim = now
         counts = self.queue.sweep()
         if counts.total:
+            self._forget_scan()  # jobs ready again, and fewer running
             self._emit(
                 "reclaim", expired=counts.expired, timed_out=counts.timed_out, failed=counts.failed
             )
@@ -202,6 +224,24 @@ class Worker:
     def free_slots(self) -> int:
         now = self._clock.monotonic()
         return max(0, min(limit.available(now) for limit in self.limits))
+
+    def _ready_set(self, free: int) -> list[GroupStats]:
+        """The tick's scan: the last one, brought up to date, if it is younger than
+        ``scan_max_age`` and still shows a ready job (see :class:`readyq._scan.RecentScan`),
+        else a fresh :meth:`scan`."""
+        now = self._clock.monotonic()
+        with self._lock:
+            recent = self._recent.view(free, now)
+        if recent is not None:
+            return recent
+        stats = self.scan(free)
+        with self._lock:
+            self._recent.took(stats, free, now)
+        return stats
+
+    def _forget_scan(self) -> None:
+        with self._lock:
+            self._recent.forget()
 
     def scan(self, free: int | None = None) -> list[GroupStats]:
         """Stage 2: the ready set per group, read up to ``free`` (default: the free slots
@@ -272,6 +312,7 @@ class Worker:
                 limit.acquire(lease, now)
             with self._lock:
                 self._runs[lease.job_id] = run
+                self._recent.claimed(lease.group)
             name = f"readyq-job-{lease.job_id}"
             if self._handler_threads is not None:
                 run.thread = self._handler_threads.start(run, name)
@@ -402,6 +443,7 @@ class Worker:
             self._runs.pop(run.ctx.lease.job_id, None)
             group = run.ctx.lease.group
             self._served[group] = self._served.get(group, 0) + 1
+            self._recent.ended(group)
         self._release(run)
 
     def check_timeouts(self) -> None:

@@ -522,6 +522,21 @@ WORKER_CASES: list[Any] = [
         id="reclaim-every-negative",
     ),
     pytest.param(
+        {"scan_max_age": -0.1},
+        "scan_max_age",
+        id="scan-max-age-negative",
+    ),
+    pytest.param(
+        {"scan_max_age": "0.05"},
+        "scan_max_age",
+        id="scan-max-age-str",
+    ),
+    pytest.param(
+        {"scan_max_age": float("nan")},
+        "scan_max_age",
+        id="scan-max-age-nan",
+    ),
+    pytest.param(
         {"group_caps": {"a": "x"}},
         "group_caps",
         id="group-caps-str",

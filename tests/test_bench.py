@@ -136,9 +136,7 @@ def test_backlog_reports_worker_rate_and_scan_per_backlog_size(
     backlog = quick_result["backlog"]
     sizes = backlog["sizes"]
     assert len(sizes) >= 2
-    assert all(
-        _positive(s["jobs_per_s"]) and _positive(s["scan_ms_per_tick"]) for s in sizes.values()
-    )
+    assert all(_positive(s["jobs_per_s"]) and _positive(s["scan_ms"]) for s in sizes.values())
     assert backlog["ratio_smallest_largest"] > 0
     assert backlog["scan_ratio_largest_smallest"] > 0
 
@@ -237,3 +235,43 @@ def test_no_analyze_flag_turns_the_fill_analyze_off() -> None:
 
     assert config_from(build_parser().parse_args([])).analyze is True
     assert config_from(build_parser().parse_args(["--no-analyze"])).analyze is False
+
+
+def test_scan_max_age_flag_sets_the_workers_option() -> None:
+    from readyq_bench.cli import build_parser, config_from
+
+    assert config_from(build_parser().parse_args([])).scan_max_age is None
+    assert config_from(build_parser().parse_args(["--scan-max-age", "0"])).scan_max_age == 0
+
+
+def test_scan_max_age_flag_refuses_a_negative_age() -> None:
+    from readyq_bench.cli import build_parser, config_from
+
+    with pytest.raises(SystemExit, match="scan-max-age"):
+        config_from(build_parser().parse_args(["--scan-max-age", "-1"]))
+
+
+def test_report_says_which_scan_max_age_the_workers_used(quick_result: dict[str, Any]) -> None:
+    assert quick_result["meta"]["config"]["scan_max_age"] is None
+    assert "Workers: scan_max_age (the Worker default)" in quick_result["_stdout"]
+
+
+@pytest.mark.parametrize("age", [0.0, 3600.0], ids=["every-tick", "reused"])
+def test_worker_stages_count_the_ticks_that_scanned(backend: Any, age: float) -> None:
+    """With ``scan_max_age`` 0 every tick scans; with an hour, most ticks reuse a scan."""
+    from readyq_bench import db
+    from readyq_bench.loops import worker_stages
+
+    import readyq
+
+    if backend.name != "sqlite":
+        pytest.skip("the bookkeeping of the bench, not of the database")
+    with readyq.Queue(backend.url) as q:
+        q.install()
+        db.fill_jobs(q.engine, 60, state="ready", now=q.clock.now_us(), groups=3)
+    got = worker_stages(backend.url, 4, 0.005, scan_max_age=age)
+    assert got["done"] == 60
+    if age == 0:
+        assert got["scans"] == got["ticks"]
+    else:
+        assert 0 < got["scans"] < got["ticks"] / 2
