@@ -15,7 +15,7 @@ from ._scan import GroupStats
 from .clock import Clock, SystemClock, from_us
 from .errors import InvalidJob, LeaseLost, SchemaNotInstalled, UnknownJob
 from .graph import DEFAULT_MAX_ATTEMPTS, Graph, Ref
-from .job import JobInfo, JobState, Lease, Outcome, decode_payload, encode_payload
+from .job import TERMINAL, JobInfo, JobState, Lease, Outcome, decode_payload, encode_payload
 from .retry import Backoff
 from .schema import deps, jobs, metadata
 
@@ -25,6 +25,9 @@ log = logging.getLogger("readyq")
 
 R = TypeVar("R")
 c = jobs.c
+# Jobs still to run (a waiting container is not: its open children are). The state
+# leads the claim index, so a probe for one reads index entries of these states only.
+_OPEN = tuple(s.value for s in JobState if s not in TERMINAL and s is not JobState.WAITING)
 #: Transactions rerun after a deadlock, serialization failure or busy database.
 _RETRIES = 8
 
@@ -248,6 +251,17 @@ class Queue:
 
         return self._read(read)
 
+    def has_open_jobs(self) -> bool:
+        """Whether some job is ready (due or not), running or blocked: what a worker
+        running ``until_idle`` waits for. One indexed probe, unlike :meth:`counts`, which
+        reads every row."""
+
+        def read(conn: Connection, now: int) -> bool:
+            probe = sa.select(c.id).where(c.state.in_(_OPEN)).limit(1)
+            return conn.execute(probe).first() is not None
+
+        return self._read(read)
+
     def prune(self, older_than: _dt.timedelta, *, batch: int = 1000) -> int:
         """Delete jobs that finished more than ``older_than`` ago (retention).
 
@@ -422,6 +436,18 @@ class Queue:
         The claim sees the dependents this finalize just promoted.
         """
         items = self._results(results, "finalize_and_claim")
+        return self._finalize_encoded_and_claim(items, worker_id, ttl, limit, groups)
+
+    def _finalize_encoded_and_claim(
+        self,
+        items: list[tuple[Lease, str]],
+        worker_id: str,
+        ttl: float,
+        limit: int,
+        groups: Sequence[str] | None,
+    ) -> tuple[list[Outcome | LeaseLost], list[Lease]]:
+        """:meth:`finalize_and_claim` of results already checked and encoded, each job
+        once (internal: a Worker encodes each result in its handler's thread)."""
         claim_groups, ttl_us = _claim_args(worker_id, ttl, limit, groups)
         if claim_groups == []:
             return (self._settle(items, None)[0] if items else []), []

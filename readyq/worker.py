@@ -40,7 +40,7 @@ Hook = Callable[[str, dict[str, Any]], None]
 class _Run:
     ctx: JobContext
     thread: threading.Thread | None = None
-    outcome: tuple[str, Any] | None = None  # ("ok", result) | ("error", exc)
+    outcome: tuple[str, Any] | None = None  # ("ok", the result's JSON) | ("error", exc)
     settled: bool = False
     #: Its slots are back in the limits: its handler returned (its result waits for the
     #: tick's commit) or it ended.
@@ -343,8 +343,8 @@ class Worker:
                     f"handler for {lease.type!r} returned {type(result).__name__}; "
                     "return a dict (JSON object) or None"
                 )
-            encode_payload(result or {}, "result")
-            run.outcome = ("ok", result)
+            # Checked and encoded here, once, in the handler's thread rather than the tick's.
+            run.outcome = ("ok", encode_payload(result or {}, "result"))
         except BaseException as exc:
             run.outcome = ("error", exc)
         self._wake.set()
@@ -396,14 +396,12 @@ class Worker:
             results = [r for r in self._runs.values() if r.released and not r.settled]
         if not results:
             return 0, 0, self.lease(ranking)
-        pairs = [(run.ctx.lease, run.outcome[1] if run.outcome else None) for run in results]
-        leases: list[Lease] = []
-        if ranking:
-            outcomes, leases = self.queue.finalize_and_claim(
-                pairs, self.worker_id, ttl=self.lease_ttl, limit=len(ranking), groups=ranking
-            )
-        else:
-            outcomes = self.queue.finalize_many(pairs)
+        # Released with an "ok" outcome only: its value is the result, encoded.
+        items = [(run.ctx.lease, run.outcome[1] if run.outcome else "{}") for run in results]
+        # Without a ranking, claim nothing: an empty group list.
+        outcomes, leases = self.queue._finalize_encoded_and_claim(
+            items, self.worker_id, self.lease_ttl, max(1, len(ranking)), ranking
+        )
         finished = lost = 0
         for run, got in zip(results, outcomes, strict=True):
             lease = run.ctx.lease
@@ -559,8 +557,7 @@ class Worker:
         self._listener.start()
 
     def _idle(self) -> bool:
-        counts = self.queue.counts()
-        return counts["ready"] == 0 and counts["running"] == 0 and counts["blocked"] == 0
+        return not self.queue.has_open_jobs()
 
     def _drain(self) -> None:
         """Graceful shutdown: let running jobs finish within ``grace``, then hand back the rest."""

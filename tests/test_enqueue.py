@@ -245,3 +245,38 @@ def test_concurrent_enqueues_with_one_key_make_one_job(make_queue, queue_url: st
         n = conn.execute(sa.text("SELECT count(*) FROM readyq_jobs")).scalar()
     engine.dispose()
     assert (len(set(ids)), n) == (1, 1)
+
+
+class TestHasOpenJobs:
+    """Queue.has_open_jobs: whether a worker running until idle still has work to wait for."""
+
+    def test_an_empty_queue_has_none(self, q: readyq.Queue) -> None:
+        assert q.has_open_jobs() is False
+
+    def test_a_job_not_yet_due_is_open(self, q: readyq.Queue) -> None:
+        q.enqueue("t", run_after=dt.datetime(2999, 1, 1, tzinfo=dt.UTC))
+        assert q.has_open_jobs() is True
+
+    def test_a_running_job_is_open(self, q: readyq.Queue) -> None:
+        q.enqueue("t")
+        assert len(q.claim("w")) == 1
+        assert q.has_open_jobs() is True
+
+    def test_a_blocked_job_is_open_until_its_dependency_is_cancelled(self, q: readyq.Queue) -> None:
+        """Cancelling the dependency cancels the blocked job too: nothing is left open."""
+        a = q.enqueue("t", run_after=dt.datetime(2999, 1, 1, tzinfo=dt.UTC))
+        b = q.enqueue("t", after=[a])
+        assert q.has_open_jobs() is True
+        q.cancel(a)
+        assert (q.get(b).state, q.has_open_jobs()) == (JobState.CANCELLED, False)
+
+    def test_finished_jobs_and_their_rolled_up_container_are_not_open(
+        self, q: readyq.Queue
+    ) -> None:
+        with q.graph() as g:
+            box = g.add("box", container=True)
+            g.add("t", parent=box)
+            g.add("t", parent=box)
+        for lease in q.claim("w", limit=2):
+            q.finalize(lease)
+        assert (q.get(box.id).state, q.has_open_jobs()) == (JobState.DONE, False)

@@ -200,13 +200,13 @@ class TestOneCommitPerTick:
         w = Worker(queue, {"ok": ok}, limits=[limit], reclaim_every=3600)
         first = w.tick()
         settle(w)
-        real = queue.finalize_and_claim
+        real = queue._finalize_encoded_and_claim  # what the tick commits through
 
         def cut(*args: Any, **kwargs: Any) -> Any:
-            queue.finalize_and_claim = real  # type: ignore[method-assign]
+            queue._finalize_encoded_and_claim = real  # type: ignore[method-assign]
             raise sa.exc.OperationalError("COMMIT", {}, ConnectionError("connection cut"))
 
-        queue.finalize_and_claim = cut  # type: ignore[method-assign]
+        queue._finalize_encoded_and_claim = cut  # type: ignore[method-assign]
         with pytest.raises(sa.exc.OperationalError):
             w.tick()
         assert (limit.held, w.running) == (0, 2)  # returned: slots free, results pending
