@@ -208,3 +208,19 @@ def test_racing_workers_run_every_job_exactly_once_and_finish_it(
     counts = queue.counts()
     assert counts["done"] == len(ids)
     assert sum(counts.values()) == len(ids), counts
+
+
+def test_a_worker_gives_its_slots_to_the_group_other_workers_are_not_serving(
+    queue: readyq.Queue, make_queue: Callable[..., readyq.Queue]
+) -> None:
+    """Fair share counts every worker's running jobs, not only this one's: with another
+    worker holding two jobs of group a, a Worker with two free slots, over groups a and b
+    of equal weight, gives both to b (a Worker blind to the others would split them)."""
+    with queue.graph() as g:
+        for group in ("a", "b"):
+            for i in range(4):
+                g.add("hold", {"n": i}, group=group)
+    other = make_queue().claim("other", ttl=60, limit=2, groups=["a", "a"])
+    worker = Worker(queue, {"hold": lambda ctx, args: None}, limits=[Concurrency(2)])
+    claimed = worker.tick().claimed
+    assert ([lease.group for lease in other], claimed) == (["a", "a"], {"b": 2})
