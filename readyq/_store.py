@@ -464,23 +464,40 @@ def reclaim(conn: Connection, ad: Adapter, *, now: int, batch: int) -> ReclaimCo
     return ReclaimCounts(**counts)
 
 
-def prune(conn: Connection, *, before: int, batch: int, after_id: int) -> tuple[int, int | None]:
-    """Delete finished jobs that finished before ``before`` and nothing still needs.
+#: Where a prune of one state resumes: after this (finished_us, id).
+PruneCursor = tuple[int, int]
 
-    Looks at up to ``batch`` candidates with ids above ``after_id``; returns how many were
-    deleted and the last id looked at (None when there are no more candidates).
+
+def prune(
+    conn: Connection, *, state: JobState, before: int, batch: int, after: PruneCursor
+) -> tuple[int, PruneCursor | None]:
+    """Delete jobs in ``state`` (a terminal one) that finished before ``before`` and
+    nothing still needs.
+
+    Looks at up to ``batch`` candidates after ``after`` in (finished_us, id) order;
+    returns how many were deleted and the last candidate looked at (None when there are
+    no more). The order is the retention index's own ((state, finished_us), then the
+    primary key that InnoDB appends): MariaDB paged by id alone walked the primary key
+    through every ready job on some runs.
     """
     finished = sorted(TERMINAL)
-    ids = list(
-        conn.execute(
-            sa.select(c.id)
-            .where(c.state.in_(finished), c.finished_us < before, c.id > after_id)
-            .order_by(c.id)
-            .limit(batch)
-        ).scalars()
-    )
-    if not ids:
+    rows = conn.execute(
+        sa.select(c.id, c.finished_us)
+        .where(
+            c.state == state,
+            c.finished_us < before,
+            # The row comparison is PostgreSQL's index condition; MariaDB and MySQL filter
+            # with it and take their range from the plain bound.
+            c.finished_us >= after[0],
+            sa.tuple_(c.finished_us, c.id) > sa.tuple_(*after),
+        )
+        .order_by(c.finished_us, c.id)
+        .limit(batch)
+    ).all()
+    if not rows:
         return 0, None
+    ids = [r.id for r in rows]
+    last: PruneCursor = (rows[-1].finished_us, rows[-1].id)
     child = jobs.alias("child")
     keep = set(
         conn.execute(
@@ -499,10 +516,10 @@ def prune(conn: Connection, *, before: int, batch: int, after_id: int) -> tuple[
     )
     gone = [i for i in ids if i not in keep]
     if not gone:
-        return 0, ids[-1]
+        return 0, last
     conn.execute(
         sa.delete(deps).where(sa.or_(deps.c.job_id.in_(gone), deps.c.depends_on.in_(gone)))
     )
     conn.execute(sa.update(jobs).where(c.parent_id.in_(gone)).values(parent_id=None))
     conn.execute(sa.delete(jobs).where(c.id.in_(gone)))
-    return len(gone), ids[-1]
+    return len(gone), last

@@ -271,19 +271,25 @@ class Queue:
         if not isinstance(older_than, _dt.timedelta) or older_than < _dt.timedelta(0):
             raise InvalidJob("older_than must be a non-negative timedelta")
         cut = round(older_than.total_seconds() * 1e6)
-        total, cursor = 0, 0
-        while True:
+        total = 0
+        for state in sorted(TERMINAL):
+            cursor: _store.PruneCursor | None = (-1, 0)  # before any finished_us
+            while cursor is not None:
 
-            def step(
-                conn: Connection, ad: object, now: int, after: int = cursor
-            ) -> tuple[int, int | None]:
-                return _store.prune(conn, before=now - cut, batch=batch, after_id=after)
+                def step(
+                    conn: Connection,
+                    ad: object,
+                    now: int,
+                    state: JobState = state,
+                    after: _store.PruneCursor = cursor,
+                ) -> tuple[int, _store.PruneCursor | None]:
+                    return _store.prune(
+                        conn, state=state, before=now - cut, batch=batch, after=after
+                    )
 
-            n, last = self._write(step)
-            total += n
-            if last is None:
-                return total
-            cursor = last
+                n, cursor = self._write(step)
+                total += n
+        return total
 
     def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[JobInfo]:
         """The most recent jobs (optionally of one state), newest first."""

@@ -108,8 +108,10 @@ jobs = sa.Table(
     sa.Index("ix_readyq_jobs_deadline", "state", "deadline_us", **_only_set("deadline_us")),
     sa.Index("ix_readyq_jobs_parent", "parent_id", **_only_set("parent_id")),
     sa.Index("ix_readyq_jobs_cancelled_by", "cancelled_by", **_only_set("cancelled_by")),
-    # Retention (set once a job is done, failed or cancelled; a retry clears it).
-    sa.Index("ix_readyq_jobs_finished", "state", "finished_us", **_only_set("finished_us")),
+    # Retention (set once a job is done, failed or cancelled; a retry clears it), paged in
+    # (finished_us, id) order: with id in the index, a page starts where the last ended
+    # even among jobs that finished in the same microsecond (one cancel cascade).
+    sa.Index("ix_readyq_jobs_finished", "state", "finished_us", "id", **_only_set("finished_us")),
 )
 
 deps = sa.Table(

@@ -97,6 +97,39 @@ class TestCommands:
         assert queue.prune(dt.timedelta(0)) == 0
 
 
+class TestPruneInBatches:
+    """prune() pages through each finished state in (finished_us, id) order, a batch per
+    transaction; what it must keep does not stop it from reaching what follows."""
+
+    def test_small_batches_delete_every_old_job_of_every_finished_state(
+        self, queue: readyq.Queue
+    ) -> None:
+        for _ in range(7):
+            queue.enqueue("done")
+        for lease in queue.claim("w", limit=7):
+            queue.finalize(lease)
+        for _ in range(3):
+            queue.cancel(queue.enqueue("cancelled"))
+        failed = queue.enqueue("failed", max_attempts=1)
+        queue.fail(queue.claim("w")[0], "boom", retry=False)
+        assert queue.get(failed).state == JobState.FAILED
+        assert (queue.prune(dt.timedelta(0), batch=2), queue.list_jobs()) == (11, [])
+
+    def test_jobs_still_needed_are_kept_while_later_ones_go(self, queue: readyq.Queue) -> None:
+        """The first batch holds only needed jobs: the next batches still run."""
+        needed = [queue.enqueue("needed") for _ in range(2)]
+        for lease in queue.claim("w", limit=2):
+            queue.finalize(lease)
+        waiting = queue.enqueue("waiting", after=needed)
+        assert [lease.job_id for lease in queue.claim("w")] == [waiting]  # running: needs them
+        for _ in range(3):
+            queue.enqueue("rest")
+        for lease in queue.claim("w", limit=3):
+            queue.finalize(lease)
+        assert queue.prune(dt.timedelta(0), batch=2) == 3
+        assert sorted(j.id for j in queue.list_jobs()) == sorted([*needed, waiting])
+
+
 def test_unknown_state_filter_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A bad --state says which states exist, with exit status 1."""
     url = f"sqlite:///{tmp_path / 'x.db'}"
