@@ -30,11 +30,12 @@ def test_tables_and_columns_exist(env: Env) -> None:
 
 
 def test_claim_and_sweeper_indexes_exist(env: Env) -> None:
-    """The claim, sweeper, container and dependency lookups have their indexes."""
+    """The claim, sweeper, container and dependency lookups have their indexes (an index
+    whose columns start with the wanted ones serves too: retention's gained ``id``)."""
     insp = sa.inspect(env.engine)
     for table, wanted in INDEXES.items():
         have = {tuple(ix["column_names"]) for ix in insp.get_indexes(table)}
-        missing = wanted - have
+        missing = {w for w in wanted if not any(h[: len(w)] == w for h in have)}
         assert not missing, f"{table} is missing indexes on {sorted(missing)}"
 
 
