@@ -580,12 +580,18 @@ class Worker:
                 pass
             self._end(run)
 
+    def _stop_from_signal(self) -> None:
+        # A signal handler runs in the main thread between two bytecodes, possibly while
+        # that thread holds the lock of the very Event stop() sets (inside Event.wait):
+        # setting it here deadlocked a worker on SIGTERM. Another thread sets it.
+        threading.Thread(target=self.stop, daemon=True, name="readyq-stop").start()
+
     def _install_signals(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for s in old:
-            signal.signal(s, lambda *_: self.stop())
+            signal.signal(s, lambda *_: self._stop_from_signal())
 
         def restore() -> None:
             for s, handler in old.items():
