@@ -476,9 +476,8 @@ def prune(
 
     Looks at up to ``batch`` candidates after ``after`` in (finished_us, id) order;
     returns how many were deleted and the last candidate looked at (None when there are
-    no more). The order is the retention index's own ((state, finished_us), then the
-    primary key that InnoDB appends): MariaDB paged by id alone walked the primary key
-    through every ready job on some runs.
+    no more). The order is the retention index's own (state, finished_us, id): MariaDB
+    paged by id alone walked the primary key through every ready job on some runs.
     """
     finished = sorted(TERMINAL)
     rows = conn.execute(

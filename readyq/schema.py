@@ -48,9 +48,9 @@ _STATES = ", ".join(f"'{s.value}'" for s in JobState)
 # indexed, so no HOT update), and PostgreSQL adds the new version to each index whose
 # predicate it meets. These indexes hold only rows whose column is set (running jobs,
 # finished jobs, children, cancelled dependents), and every query that uses one says
-# "column < :now" or "column = :id", which implies "column IS NOT NULL" in any plan, even
-# a generic one. MySQL and MariaDB have no partial indexes; SQLite has them but was not
-# measured, so it keeps full ones.
+# "column < :now", "column = :id" or "column IN (...)", which implies "column IS NOT
+# NULL" in any plan, even a generic one. MySQL and MariaDB have no partial indexes;
+# SQLite has them but was not measured, so it keeps full ones.
 def _only_set(column: str) -> dict[str, Any]:
     # DDL renders the predicate inline (CREATE INDEX takes no bound parameters).
     return {"postgresql_where": sa.column(column).is_not(None)}
