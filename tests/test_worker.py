@@ -454,6 +454,32 @@ def test_readyq_worker_command_runs_user_handlers(queue_url: str, queue: readyq.
     ]
 
 
+def test_a_signal_that_lands_inside_the_wait_for_work_still_stops_the_worker(
+    queue: readyq.Queue,
+) -> None:
+    """SIGTERM can arrive while run()'s thread holds the wake Event's lock (inside
+    Event.wait); the handler then runs in that thread. It must not take that lock
+    itself: it once did, and the worker hung. Here the handler is called from a thread
+    holding that lock, as the signal would call it."""
+    w = Worker(queue, {})
+    restore = w._install_signals()  # the test runs in the main thread
+    try:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+
+        def inside_the_wait() -> None:
+            with w._wake._cond:  # held, as Event.wait holds it between its checks
+                handler(signal.SIGTERM, None)
+
+        caller = threading.Thread(target=inside_the_wait, daemon=True)
+        caller.start()
+        caller.join(5)
+        assert not caller.is_alive(), "the signal handler blocked on the wake Event's lock"
+        assert w._stopping.wait(5)
+    finally:
+        restore()
+
+
 class TestWakeUp:
     def test_notify_wakes_a_sleeping_worker_long_before_its_poll(
         self,
