@@ -30,6 +30,10 @@ SERVER_PROCESSES = {
 }
 
 _LOCAL_HOSTS = {None, "", "localhost", "127.0.0.1", "::1"}
+#: /proc counts CPU time in clock ticks (10 ms): a window with fewer busy ticks than this
+#: (a --quick drain of a few jobs, or one waiting on fsync, which counts as idle) gives no
+#: split rather than a figure off by a whole tick.
+MIN_BUSY_TICKS = 5
 _PROC = Path("/proc")
 
 
@@ -70,6 +74,8 @@ class CpuMeter:
         if before is None or after is None or jobs <= 0 or after.total <= before.total:
             return {}
         busy = (after.total - before.total) - (after.idle - before.idle)
+        if busy * self._tick < MIN_BUSY_TICKS:
+            return {}
         server = None
         if before.server is not None and after.server is not None:
             server = max(0.0, after.server - before.server)
