@@ -25,7 +25,7 @@ from .errors import ReadyqError
 from .handlers import Handlers
 from .limits import Concurrency, Limit, RateLimit
 from .queue import Queue
-from .worker import Worker
+from .worker import EXECUTORS, Worker
 
 __all__ = ["main"]
 
@@ -80,6 +80,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             heartbeat_every=args.heartbeat_every,
             limits=limits,
             poll_interval=args.poll_interval,
+            executor=args.executor,
         )
         print(
             f"readyq worker {worker.worker_id} on {q!r}; handlers: "
@@ -163,6 +164,12 @@ def build_parser(plugins: Sequence[str]) -> argparse.ArgumentParser:
     p.add_argument("--lease-ttl", type=float, default=30.0)
     p.add_argument("--heartbeat-every", type=float, default=10.0)
     p.add_argument("--poll-interval", type=float, default=1.0)
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="thread",
+        help="where handlers run (docs/tuning.md, 'Where handlers run')",
+    )
     p.add_argument("--worker-id", default=None)
     p.add_argument("--until-idle", action="store_true", help="exit when nothing is left")
     p = add("jobs", cmd_jobs, "list, show, retry or cancel jobs")

@@ -33,6 +33,12 @@ from .queue import Queue
 __all__ = ["TickReport", "Worker"]
 
 log = logging.getLogger("readyq")
+
+#: Where a Worker runs handlers: ``"thread"`` (default) a thread per running job;
+#: ``"process"`` a child process per job, killed on timeout or a lost lease; ``"inline"``
+#: the tick's own thread, one job after another (short handlers: no handoff per job, but a
+#: handler that hangs stalls this worker until the sweep of another frees its job).
+EXECUTORS = ("thread", "process", "inline")
 Hook = Callable[[str, dict[str, Any]], None]
 
 
@@ -128,8 +134,10 @@ class Worker:
         for group, cap in (group_caps or {}).items():
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
                 raise InvalidJob(f"group_caps[{group!r}] must be a non-negative int, not {cap!r}")
-        if executor not in ("thread", "process"):
-            raise InvalidJob(f"executor must be 'thread' or 'process', not {executor!r}")
+        if executor not in EXECUTORS:
+            raise InvalidJob(
+                f"executor must be one of {', '.join(map(repr, EXECUTORS))}, not {executor!r}"
+            )
         self.executor = executor
         self.queue = queue
         self.handlers = handlers if isinstance(handlers, Handlers) else Handlers(handlers)
@@ -314,7 +322,9 @@ class Worker:
                 self._runs[lease.job_id] = run
                 self._recent.claimed(lease.group)
             name = f"readyq-job-{lease.job_id}"
-            if self._handler_threads is not None:
+            if self.executor == "inline":
+                self._call(run)  # now, in this thread; the next tick collects its outcome
+            elif self._handler_threads is not None:
                 run.thread = self._handler_threads.start(run, name)
             else:
                 run.thread = threading.Thread(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+import worker_handlers
 
 import readyq
 from readyq import JobState
@@ -31,6 +33,24 @@ class TestCommands:
         assert main(["install", "--url", db_url]) == 0
         with readyq.Queue(db_url) as q:
             assert q.counts()["ready"] == 0
+
+    def test_worker_executor_inline_runs_handlers_on_the_main_thread(
+        self, queue_url: str, queue: readyq.Queue
+    ) -> None:
+        """`readyq worker --executor inline` runs each job in the command's own thread."""
+        jobs = [queue.enqueue("thread-name") for _ in range(3)]
+        proc = subprocess.run(
+            worker_handlers.worker_command(queue_url, "--executor", "inline", "--until-idle"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=worker_handlers.ENV,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        results = [queue.get(j).result or {} for j in jobs]
+        assert [r.get("thread") for r in results] == ["MainThread"] * 3
+        assert os.getpid() not in {r.get("pid") for r in results}
 
     def test_jobs_list_shows_jobs(
         self, queue_url: str, queue: readyq.Queue, capsys: pytest.CaptureFixture[str]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -14,12 +13,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import worker_handlers
 
 import readyq
 from readyq import Concurrency, Handlers, InvalidJob, JobState, RateLimit, Worker
 
 pytestmark = pytest.mark.backend
-ROOT = Path(__file__).resolve().parent.parent
 S = JobState
 
 
@@ -389,23 +388,10 @@ class TestLiveness:
     ) -> None:
         """SIGKILL mid-job: after the lease TTL a second worker process runs the job again."""
         job = queue.enqueue("stall-first")
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
-        cmd = [
-            sys.executable,
-            "-m",
-            "readyq",
-            "worker",
-            "--url",
-            queue_url,
-            "--handlers",
-            "worker_handlers:handlers",
-            "--lease-ttl",
-            "2",
-            "--heartbeat-every",
-            "0.5",
-            "--poll-interval",
-            "0.1",
-        ]
+        env = worker_handlers.ENV
+        cmd = worker_handlers.worker_command(
+            queue_url, "--lease-ttl", "2", "--heartbeat-every", "0.5", "--poll-interval", "0.1"
+        )
         first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 60
@@ -427,22 +413,9 @@ class TestLiveness:
 def test_readyq_worker_command_runs_user_handlers(queue_url: str, queue: readyq.Queue) -> None:
     """`readyq worker --handlers module:attr --until-idle` runs the jobs and exits 0."""
     jobs = [queue.enqueue("echo", {"i": i}) for i in range(3)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "readyq",
-            "worker",
-            "--url",
-            queue_url,
-            "--handlers",
-            "worker_handlers:handlers",
-            "--until-idle",
-            "--poll-interval",
-            "0.05",
-        ],
-        env=env,
+        worker_handlers.worker_command(queue_url, "--until-idle"),
+        env=worker_handlers.ENV,
         capture_output=True,
         text=True,
         timeout=120,
@@ -537,9 +510,6 @@ class TestWakeUp:
 class TestProcessExecutor:
     def test_handler_runs_in_another_process(self, queue: readyq.Queue) -> None:
         """executor='process' runs the handler in a child process and stores its result."""
-        sys.path.insert(0, str(ROOT / "tests"))
-        import worker_handlers
-
         job = queue.enqueue("in-process")
         w = Worker(queue, worker_handlers.handlers, executor="process")
         drain(w)
@@ -550,9 +520,6 @@ class TestProcessExecutor:
 
     def test_timed_out_handler_process_is_killed(self, queue: readyq.Queue, tmp_path: Path) -> None:
         """A hung handler in a process is killed at its job's timeout, not abandoned."""
-        sys.path.insert(0, str(ROOT / "tests"))
-        import worker_handlers
-
         pid_file = tmp_path / "pid"
         # The timeout leaves a loaded machine time to spawn the child and write its pid.
         job = queue.enqueue("pid-then-hang", {"path": str(pid_file)}, timeout=5.0, max_attempts=1)
@@ -567,6 +534,80 @@ class TestProcessExecutor:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
         assert queue.get(job).state == S.FAILED
+
+
+class TestInlineExecutor:
+    def test_inline_handlers_run_on_the_thread_that_runs_the_worker(
+        self, queue: readyq.Queue
+    ) -> None:
+        """executor='inline': no handler thread; every job runs where run() was called."""
+        seen: list[threading.Thread] = []
+        for i in range(12):
+            queue.enqueue("note", {"i": i})
+        w = Worker(
+            queue,
+            {"note": lambda ctx, args: seen.append(threading.current_thread())},
+            executor="inline",
+            limits=[Concurrency(4)],
+            poll_interval=0.01,
+        )
+        w.run(until_idle=True)
+        assert queue.counts()["done"] == 12
+        assert [t is threading.current_thread() for t in seen] == [True] * 12
+
+    def test_an_inline_tick_has_run_every_handler_it_dispatched_when_it_returns(
+        self, queue: readyq.Queue
+    ) -> None:
+        """The tick itself runs the claimed handlers; the next tick commits their results."""
+        jobs = [queue.enqueue("ok", {"n": n}) for n in range(3)]
+        w = Worker(queue, {"ok": ok}, executor="inline", limits=[Concurrency(5)])
+        report = w.tick()
+        assert report.dispatched == 3
+        assert [w._runs[j].outcome is not None for j in jobs] == [True] * 3
+        w.tick()
+        assert [queue.get(j).result for j in jobs] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+    def test_an_inline_handler_error_is_a_failed_attempt(self, queue: readyq.Queue) -> None:
+        """A raising inline handler fails its job; the worker itself goes on."""
+
+        def boom(ctx: readyq.JobContext, args: dict[str, Any]) -> None:
+            raise RuntimeError("disk full")
+
+        bad = queue.enqueue("boom", max_attempts=1)
+        good = queue.enqueue("ok", {"n": 1})
+        drain(Worker(queue, {"boom": boom, "ok": ok}, executor="inline", poll_interval=0.01))
+        assert (queue.get(bad).state, queue.get(good).state) == (S.FAILED, S.DONE)
+        assert "disk full" in (queue.get(bad).error or "")
+
+    def test_the_late_result_of_a_hung_inline_handler_is_refused_after_the_sweep(
+        self, queue: readyq.Queue
+    ) -> None:
+        """A hung inline handler stalls its worker, not the job: the sweep times the job
+        out, and the result the handler returns afterwards does not overwrite that."""
+        release = threading.Event()
+        started = threading.Event()
+
+        def hang(ctx: readyq.JobContext, args: dict[str, Any]) -> dict[str, Any]:
+            started.set()
+            release.wait(30)
+            return {"late": True}
+
+        job = queue.enqueue("hang", timeout=0.2, max_attempts=1)
+        w = Worker(queue, {"hang": hang}, executor="inline", lease_ttl=30, heartbeat_every=5)
+        ticking = threading.Thread(target=w.tick)
+        ticking.start()
+        assert started.wait(30), "the inline handler never started"
+        deadline = time.monotonic() + 20
+        while queue.get(job).state == S.RUNNING:
+            assert time.monotonic() < deadline, "the sweep never timed the job out"
+            time.sleep(0.05)
+            queue.sweep()
+        release.set()
+        ticking.join(30)
+        w.tick()  # collects the late result and tries to finalize it
+        info = queue.get(job)
+        assert (info.state, info.result, w.running) == (S.FAILED, None, 0)
+        assert (info.error or "").startswith("timed out")
 
 
 def test_a_fault_free_run_reports_no_lost_lease(queue: readyq.Queue) -> None:

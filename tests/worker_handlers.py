@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 from typing import Any
 
 import readyq
 
 handlers = readyq.Handlers()
+
+#: The environment of a `readyq worker` subprocess that can import this module.
+ENV = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+
+
+def worker_command(url: str, *options: str) -> list[str]:
+    """`readyq worker` on ``url`` with these handlers, polling every 0.05 s, plus options."""
+    return [
+        sys.executable, "-m", "readyq", "worker", "--url", url,
+        "--handlers", "worker_handlers:handlers", "--poll-interval", "0.05", *options,
+    ]  # fmt: skip
 
 
 @handlers("echo")
@@ -36,3 +49,8 @@ def pid_then_hang(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 @handlers("in-process")
 def in_process(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return {"pid": os.getpid(), "key": ctx.idempotency_key}
+
+
+@handlers("thread-name")
+def thread_name(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return {"thread": threading.current_thread().name, "pid": os.getpid()}
