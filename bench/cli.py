@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="the Workers' scan_max_age (default: the Worker's; 0 scans on every tick)",
     )
+    p.add_argument(
+        "--executors", help="the fair-share Workers' executors: thread,inline (default both)"
+    )
     p.add_argument("--profile", action="store_true", help="also cProfile the single-worker drain")
     p.add_argument("--only", help=f"comma-separated sections among {','.join(SECTIONS)}")
     p.add_argument("--json", metavar="PATH", help="write the full result as JSON")
@@ -96,6 +99,10 @@ def config_from(args: argparse.Namespace) -> Config:
         cfg.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
         if not set(cfg.modes) <= {"thread", "process"}:
             raise SystemExit("--modes takes thread, process or both")
+    if args.executors:
+        cfg.fair_executors = [e.strip() for e in args.executors.split(",") if e.strip()]
+        if not cfg.fair_executors or not set(cfg.fair_executors) <= {"thread", "inline"}:
+            raise SystemExit("--executors takes thread, inline or both")
     if args.finished:
         cfg.finished_sizes = sorted(args.finished)
     if args.blocked:

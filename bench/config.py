@@ -30,6 +30,8 @@ class Config:
     #: Worker counts of its process mode (None: the same as ``fair_workers``).
     fair_process_workers: list[int] | None = None
     fair_groups: int = 10
+    #: ``readyq.Worker(executor=...)`` values the fair-share drain runs with.
+    fair_executors: list[str] = field(default_factory=lambda: ["thread", "inline"])
     #: Seconds each reference client runs per repetition.
     ref_seconds: float = 1.0
     enqueue_single: int = 300

@@ -154,10 +154,11 @@ def worker_loop(  # noqa: PLR0917  # the runner calls fn(*args, barrier)
     slots: int,
     poll: float,
     scan_max_age: float | None,
+    executor: str,
     barrier: Barrier,
 ) -> Result:
-    """``readyq.Worker`` (scan, fair-share ranking, claim, a thread per job, persist);
-    ``scan_max_age`` None: the Worker's default."""
+    """``readyq.Worker`` (scan, fair-share ranking, claim, run handlers on ``executor``,
+    persist); ``scan_max_age`` None: the Worker's default."""
 
     def run() -> Result:
         q = readyq.Queue(url)
@@ -180,6 +181,7 @@ def worker_loop(  # noqa: PLR0917  # the runner calls fn(*args, barrier)
                 limits=[readyq.Concurrency(slots)],
                 poll_interval=poll,
                 hooks=[hook],
+                executor=executor,
                 **_scan_option(scan_max_age),
             )
             barrier.wait(120)

@@ -216,43 +216,44 @@ class Bench:
         cfg = self.cfg
         slots = max(cfg.limits)
         rows: list[Stats] = []
-        for mode in cfg.modes:
-            for workers in cfg.fair_counts(mode):
+        for mode, workers, executor in (
+            (m, w, e) for m in cfg.modes for w in cfg.fair_counts(m) for e in cfg.fair_executors
+        ):
 
-                def once(n: int, w: int = workers, mode: str = mode) -> float:
-                    self._prefill(n, groups=cfg.fair_groups)
-                    args = [
-                        (self.url, f"f{i}", slots, cfg.poll_interval, cfg.scan_max_age)
-                        for i in range(w)
-                    ]
-                    return self._drain_run(n, mode, loops.worker_loop, args)
-
-                stats = self._repeat(partial(once, cfg.jobs), partial(once, cfg.warm_jobs))
-                same = [
-                    r
-                    for r in raw
-                    if (r["mode"], r["workers"], r["limit"], r["finalize"])
-                    == (mode, workers, slots, "batch")
+            def once(n: int, w: int = workers, mode: str = mode, executor: str = executor) -> float:
+                self._prefill(n, groups=cfg.fair_groups)
+                args = [
+                    (self.url, f"f{i}", slots, cfg.poll_interval, cfg.scan_max_age, executor)
+                    for i in range(w)
                 ]
-                rows.append(
-                    {
-                        "runner": "worker",
-                        "mode": mode,
-                        "workers": workers,
-                        "limit": slots,
-                        "groups": cfg.fair_groups,
-                        "jobs": cfg.jobs,
-                        "jobs_per_s": stats,
-                        "ratio": stats["median"] / self.ref(mode, workers),
-                        "vs_raw": (stats["median"] / same[0]["jobs_per_s"]["median"])
-                        if same
-                        else None,
-                        "cpu": self._cpu_of_repeats(),
-                    }
-                )
-                self.log(
-                    f"drain Worker {mode:7} x{workers:<3} fair     {stats['median']:9.0f} jobs/s"
-                )
+                return self._drain_run(n, mode, loops.worker_loop, args)
+
+            stats = self._repeat(partial(once, cfg.jobs), partial(once, cfg.warm_jobs))
+            same = [
+                r
+                for r in raw
+                if (r["mode"], r["workers"], r["limit"], r["finalize"])
+                == (mode, workers, slots, "batch")
+            ]
+            rows.append(
+                {
+                    "runner": "worker",
+                    "executor": executor,
+                    "mode": mode,
+                    "workers": workers,
+                    "limit": slots,
+                    "groups": cfg.fair_groups,
+                    "jobs": cfg.jobs,
+                    "jobs_per_s": stats,
+                    "ratio": stats["median"] / self.ref(mode, workers),
+                    "vs_raw": (stats["median"] / same[0]["jobs_per_s"]["median"]) if same else None,
+                    "cpu": self._cpu_of_repeats(),
+                }
+            )
+            self.log(
+                f"drain Worker {mode:7} x{workers:<3} fair {executor:6} "
+                f"{stats['median']:9.0f} jobs/s"
+            )
         return rows
 
     # -- end-to-end latency -------------------------------------------------------------
