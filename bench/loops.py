@@ -207,16 +207,20 @@ def worker_stages(
     poll: float,
     stop_after: int | None = None,
     scan_max_age: float | None = None,
+    *,
+    executor: str = "thread",
 ) -> Result:
     """One ``readyq.Worker`` draining the queue, each tick stage timed (wall seconds).
 
     ``stop_after``: stop once that many jobs are finished (else when the queue is idle);
     ``done`` is then the jobs this worker finished. ``scans`` counts the ticks that
-    scanned the ready set (the others reused a recent scan: ``Worker(scan_max_age=...)``).
+    scanned the ready set (the others reused a recent scan: ``Worker(scan_max_age=...)``);
+    ``claimed`` the leases its ticks took.
     """
     spent = dict.fromkeys(STAGES, 0.0)
     calls = dict.fromkeys(STAGES, 0)
     finished = 0
+    claimed = 0
     q = readyq.Queue(url)
     try:
         q.counts()
@@ -226,19 +230,22 @@ def worker_stages(
             worker_id="stages",
             limits=[readyq.Concurrency(slots)],
             poll_interval=poll,
+            executor=executor,
             **_scan_option(scan_max_age),
         )
         for name in STAGES:
             real = getattr(worker, name)
 
             def timed(*args: Any, _real: Any = real, _name: str = name) -> Any:
-                nonlocal finished
+                nonlocal finished, claimed
                 t = time.perf_counter()
                 try:
                     got = _real(*args)
                 finally:
                     spent[_name] += time.perf_counter() - t
                     calls[_name] += 1
+                if _name == "persist_and_lease":
+                    claimed += len(got[2])
                 if _name in ("collect", "persist_and_lease"):
                     finished += got[0]
                     if stop_after is not None and finished >= stop_after:
@@ -265,5 +272,6 @@ def worker_stages(
         "done": done,
         "ticks": ticks[0],
         "scans": calls["scan"],
+        "claimed": claimed,
         "stages_s": spent,
     }
