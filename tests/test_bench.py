@@ -280,3 +280,20 @@ def test_worker_stages_count_the_ticks_that_scanned(backend: Any, age: float) ->
         assert got["scans"] == got["ticks"]
     else:
         assert 0 < got["scans"] < got["ticks"] / 2
+
+
+def test_worker_stages_count_the_leases_an_inline_worker_claimed(backend: Any) -> None:
+    """Every job of the queue is claimed once, 4 per tick at most, handlers run inline."""
+    from readyq_bench import db
+    from readyq_bench.loops import worker_stages
+
+    import readyq
+
+    if backend.name != "sqlite":
+        pytest.skip("the bookkeeping of the bench, not of the database")
+    with readyq.Queue(backend.url) as q:
+        q.install()
+        db.fill_jobs(q.engine, 30, state="ready", now=q.clock.now_us(), groups=3)
+    got = worker_stages(backend.url, 4, 0.005, executor="inline")
+    assert (got["done"], got["claimed"]) == (30, 30)
+    assert got["ticks"] >= 30 / 4
