@@ -321,10 +321,11 @@ class Worker:
             with self._lock:
                 self._runs[lease.job_id] = run
                 self._recent.claimed(lease.group)
-            name = f"readyq-job-{lease.job_id}"
             if self.executor == "inline":
                 self._call(run)  # now, in this thread; the next tick collects its outcome
-            elif self._handler_threads is not None:
+                continue
+            name = f"readyq-job-{lease.job_id}"
+            if self._handler_threads is not None:
                 run.thread = self._handler_threads.start(run, name)
             else:
                 run.thread = threading.Thread(
