@@ -99,6 +99,7 @@ and never across a change of the group set you do not mean to repay.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Iterable, Sequence
@@ -108,20 +109,28 @@ from itertools import pairwise
 __all__ = ["GroupDemand", "fair_share", "group_weight"]
 
 
-def _check_weight(weight: object, what: str) -> None:
+def _where(what: str, group: str | None) -> str:
+    return what if group is None else f"group {group!r}: {what}"
+
+
+# The checks name the group only when they fail: formatting it on every call cost a
+# Worker's ranking more than the ranking itself.
+def _check_weight(weight: object, what: str, group: str | None = None) -> None:
     """Raise unless ``weight`` is a finite real number greater than zero."""
-    if isinstance(weight, bool) or not isinstance(weight, int | float):
-        raise TypeError(f"{what} must be an int or float, got {type(weight).__name__}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        raise TypeError(
+            f"{_where(what, group)} must be an int or float, got {type(weight).__name__}"
+        )
     if not math.isfinite(weight) or weight <= 0:
-        raise ValueError(f"{what} must be finite and > 0, got {weight!r}")
+        raise ValueError(f"{_where(what, group)} must be finite and > 0, got {weight!r}")
 
 
-def _check_count(value: object, what: str) -> None:
+def _check_count(value: object, what: str, group: str | None = None) -> None:
     """Raise unless ``value`` is an int that is at least zero."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+        raise TypeError(f"{_where(what, group)} must be an int, got {type(value).__name__}")
     if value < 0:
-        raise ValueError(f"{what} must be >= 0, got {value}")
+        raise ValueError(f"{_where(what, group)} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -142,10 +151,10 @@ class GroupDemand:
         """Reject a non-string name, a weight that is not finite and > 0, or a negative count."""
         if not isinstance(self.name, str):
             raise TypeError(f"group name must be a str, got {type(self.name).__name__}")
-        _check_weight(self.weight, f"group {self.name!r}: weight")
-        _check_count(self.running, f"group {self.name!r}: running")
-        _check_count(self.ready, f"group {self.name!r}: ready")
-        _check_count(self.served, f"group {self.name!r}: served")
+        _check_weight(self.weight, "weight", self.name)
+        _check_count(self.running, "running", self.name)
+        _check_count(self.ready, "ready", self.name)
+        _check_count(self.served, "served", self.name)
 
 
 def group_weight(weights: Iterable[float]) -> float:
@@ -167,7 +176,8 @@ def group_weight(weights: Iterable[float]) -> float:
     return best
 
 
-def _virtual_scale(weights: Sequence[float]) -> tuple[list[int], list[int], int]:
+@functools.lru_cache(maxsize=64)  # a Worker ranks the same few weights on every tick
+def _virtual_scale(weights: tuple[float, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """Integers that compare virtual times ``x / w_i`` exactly: ``(W, M, L)``.
 
     ``W_i`` are the weights scaled to integers in the same ratios (exact: a float is a
@@ -181,7 +191,7 @@ def _virtual_scale(weights: Sequence[float]) -> tuple[list[int], list[int], int]
     common = math.gcd(*scaled)
     scaled = [w // common for w in scaled]
     multiple = math.lcm(*scaled)
-    return scaled, [multiple // w for w in scaled], multiple
+    return tuple(scaled), tuple(multiple // w for w in scaled), multiple  # cached: immutable
 
 
 def _share_levels(
@@ -240,7 +250,7 @@ def fair_share(groups: Sequence[GroupDemand], free: int) -> list[str]:
     if slots == 0:
         return []
 
-    weights, scale, multiple = _virtual_scale([g.weight for g in ordered])
+    weights, scale, multiple = _virtual_scale(tuple(g.weight for g in ordered))
     usage = [g.running + g.served for g in ordered]
     caps = [u + g.ready for u, g in zip(usage, ordered, strict=True)]
     levels = _share_levels(usage, caps, weights, scale, multiple=multiple, slots=slots)

@@ -166,6 +166,37 @@ class TestTick:
         assert served["c"] > served["b"] > served["a"] > 0
 
 
+class TestEvents:
+    def test_without_hooks_claims_and_finalizes_are_still_logged_at_info(
+        self, queue: readyq.Queue, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Skipping the events nobody hears must not skip the log: at INFO each is logged."""
+        job = queue.enqueue("ok", {"n": 1})
+        w = Worker(queue, {"ok": ok}, executor="inline")
+        with caplog.at_level("INFO", logger="readyq"):
+            w.tick()
+            w.tick()
+        seen = [(r.readyq_event, r.readyq["job"]) for r in caplog.records]  # type: ignore[attr-defined]
+        assert seen == [("claim", job), ("finalize", job)]
+
+    def test_hooks_hear_every_claim_and_finalize_with_logging_off(
+        self, queue: readyq.Queue, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """And the other way round: hooks hear the events while the log is quiet."""
+        jobs = [queue.enqueue("ok", {"n": i}) for i in range(3)]
+        heard: list[tuple[str, int]] = []
+        w = Worker(
+            queue, {"ok": ok}, executor="inline", hooks=[lambda e, f: heard.append((e, f["job"]))]
+        )
+        with caplog.at_level("WARNING", logger="readyq"):
+            w.tick()
+            w.tick()
+        assert sorted(heard) == sorted(
+            [("claim", j) for j in jobs] + [("finalize", j) for j in jobs]
+        )
+        assert caplog.records == []
+
+
 class TestOneCommitPerTick:
     def test_results_commit_with_the_next_claim(self, queue: readyq.Queue) -> None:
         """A tick that finalizes returned results and claims new jobs commits once."""
