@@ -591,10 +591,11 @@ class _Pipelines:
 
     Its statements leave together and the actor keeps the baton until the results are
     back, so the database runs them with no other actor's statement in between (a lock
-    wait on a parked actor fails, as any statement's does). A pipeline that ends in COMMIT
-    is a whole transaction: the COMMIT faults strike before it is sent, where the client
-    can still stall or lose its session; and it cannot hang halfway (no client step is
-    left inside it), so an armed ``hang_in_txn`` goes unused.
+    wait on a parked actor fails, as any statement's does). A pipeline on a connection in
+    autocommit is a whole transaction (readyq.dialects.PipelineObserver): the COMMIT
+    faults strike before it is sent, where the client can still stall or lose its
+    session; and it cannot hang halfway (no client step is left inside it), so an armed
+    ``hang_in_txn`` goes unused.
     """
 
     def __init__(self, ctx: ActorCtx) -> None:
@@ -606,7 +607,8 @@ class _Pipelines:
         ctx = self.ctx
         if ctx.crashed:
             return
-        commits = statements[-1].strip().upper() == "COMMIT"
+        # In autocommit the pipeline is a transaction of its own, BEGIN and COMMIT or not.
+        commits = bool(conn.connection.driver_connection.autocommit)  # type: ignore[union-attr]
         if commits and ctx.slow_commit_s is not None:
             held, ctx.slow_commit_s = ctx.slow_commit_s, None
             ctx.driver.record(ctx.name, "SLOW", f"pipeline held {held:g}s")

@@ -244,7 +244,9 @@ class PipelineObserver(Protocol):
     ``engine.execution_options(readyq_pipeline_observer=observer)``.
 
     ``before`` runs before anything is sent (an exception there sends nothing); then
-    exactly one of ``after`` (with each statement's row count) or ``failed``.
+    exactly one of ``after`` (with each statement's row count) or ``failed``. A pipeline
+    on a connection in autocommit is one transaction that commits at its end, whether or
+    not ``BEGIN`` and ``COMMIT`` are among its statements.
     """
 
     def before(
