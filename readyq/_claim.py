@@ -10,6 +10,7 @@ the caller.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -253,7 +254,11 @@ def _claim_ranked(
 
 
 def _ranked_params(params: dict[str, Any], wanted: dict[str, int]) -> dict[str, Any]:
-    return {**params, "groups": list(wanted), "ns": list(wanted.values())}
+    """``want`` (:meth:`Adapter.ranked_groups`): the ranking as JSON ``[[group, n], ...]``."""
+    return {**params, "want": _WANT.encode(list(wanted.items()))}
+
+
+_WANT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def _first_pass(
@@ -280,7 +285,7 @@ def _top_up_rows(conn: Connection, ad: Adapter, more: TopUp, params: dict[str, A
         n = more.slots - len(rows)
         if n <= 0:
             break
-        got = conn.execute(_claim_ranked(ad, _guard), {**params, "groups": [g], "ns": [n]})
+        got = conn.execute(_claim_ranked(ad, _guard), _ranked_params(params, {g: n}))
         rows += sorted(got, key=_claim_order)
     return rows
 

@@ -94,6 +94,19 @@ class TestClaimOrder:
         got = q.claim("w", limit=len(ranking), groups=ranking)
         assert [lease.group for lease in got] == ranking
 
+    @pytest.mark.parametrize(
+        "name",
+        ['say "hi"', "back\\slash", 'a","b', "[1, 2]", "{}", "null", "emoji \U0001f600", "tab\t"],
+    )
+    def test_a_ranked_group_is_claimed_by_its_exact_name(self, q: readyq.Queue, name: str) -> None:
+        """Names that mean something in JSON (the ranking travels as JSON on PostgreSQL)
+        or in SQL are matched exactly, in the first pass and the second."""
+        with q.graph() as g:
+            mine = [g.add("t", group=name) for _ in range(2)]
+            g.add("t", group="decoy")
+        got = q.claim("w", limit=3, groups=[name])
+        assert sorted(lease.job_id for lease in got) == sorted(j.id for j in mine)
+
     def test_repeated_group_asks_for_several_jobs(self, q: readyq.Queue) -> None:
         """A group named twice in the ranking gets two slots."""
         for g in ("a", "a", "b"):

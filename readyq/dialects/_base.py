@@ -212,10 +212,10 @@ class Adapter:
         return sa.select(walk.c.k).where(walk.c.k.is_not(None)).order_by(walk.c.k)
 
     def ranked_groups(self) -> sa.FromClause:
-        """A grouped claim's ranking as a relation ``(g, n, ord)``: the group names bound
-        as ``groups``, the jobs asked of each bound as ``ns``, and ``ord`` their rank from
-        1. One statement text for every ranking, so the server can keep its plan. Only
-        used with ``grouped_claim_in_one_statement``."""
+        """A grouped claim's ranking as a relation ``(g, n, ord)``: the groups and the jobs
+        asked of each, bound as ``want``, a JSON array of ``[group, n]`` pairs in rank
+        order, and ``ord`` their rank from 1. One statement text for every ranking, so the
+        server can keep its plan. Only used with ``grouped_claim_in_one_statement``."""
         raise NotImplementedError
 
     # -- errors -----------------------------------------------------------------------

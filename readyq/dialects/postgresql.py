@@ -112,15 +112,19 @@ class PostgreSQLAdapter(Adapter):
             raw.invalidate()  # its session state (autocommit, LISTEN) must not be reused
 
     def ranked_groups(self) -> sa.FromClause:
-        # Two arrays, unnested side by side: any number of groups binds as two values.
-        return (
-            sa.func.unnest(
-                sa.bindparam("groups", type_=_Array("TEXT")),
-                sa.bindparam("ns", type_=_Array("INTEGER")),
-            )
-            .table_valued("g", "n", with_ordinality="ord")
+        # One JSON text bind, not two arrays: psycopg dumps a list item by item in Python,
+        # and two 10-item arrays cost a claim 22 microseconds more than a string.
+        pairs = (
+            sa.func.json_array_elements(sa.bindparam("want", type_=_Cast("JSON")))
+            .table_valued("pair", with_ordinality="ord")
             .render_derived()
         )
+        pair = pairs.c.pair
+        return sa.select(
+            pair.op("->>")(sa.literal_column("0")).label("g"),
+            sa.cast(pair.op("->>")(sa.literal_column("1")), sa.Integer).label("n"),
+            pairs.c.ord,
+        ).subquery("want")
 
     def lock_claimable(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
         # NO KEY: a plain FOR UPDATE conflicts with the key-share lock an open transaction
@@ -237,18 +241,18 @@ def _can_pipeline(conn: Connection) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-class _Array(sa.types.UserDefinedType[list[Any]]):
-    """A list bound as a PostgreSQL array, cast in the SQL (``%(x)s::TEXT[]``). Unlike
-    ``sa.ARRAY`` it has no bind processor, so its statement may travel in a pipeline."""
+class _Cast(sa.types.UserDefinedType[Any]):
+    """A value bound as it is and cast in the SQL (``%(x)s::JSON``). Unlike ``sa.JSON`` it
+    has no bind processor, so its statement may travel in a pipeline."""
 
     cache_ok = True
     render_bind_cast = True
 
-    def __init__(self, item: str) -> None:
-        self.item = item
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
 
     def get_col_spec(self, **kw: Any) -> str:
-        return f"{self.item}[]"
+        return self.spec
 
 
 @functools.lru_cache(maxsize=256)
