@@ -246,18 +246,41 @@ def fair_share(groups: Sequence[GroupDemand], free: int) -> list[str]:
     for before, after in pairwise(ordered):
         if before.name == after.name:
             raise ValueError(f"duplicate group name {before.name!r}")
-    slots = min(free, sum(g.ready for g in ordered))
+    return _rank_checked(
+        [g.name for g in ordered],
+        tuple(g.weight for g in ordered),
+        [g.running + g.served for g in ordered],
+        [g.ready for g in ordered],
+        free,
+    )
+
+
+def _rank_checked(
+    names: Sequence[str],
+    weights_: tuple[float, ...],
+    usage: Sequence[int],
+    ready: Sequence[int],
+    free: int,
+) -> list[str]:
+    """:func:`fair_share` on columns already checked: ``names`` sorted and distinct,
+    weights finite and > 0, ``usage`` (running + served) and ``ready`` ints >= 0, ``free``
+    an int >= 0.
+
+    Internal: a Worker's tick ranks a scan's counts with it (sorted and distinct by
+    construction, from rows readyq checked when it wrote them), without building and
+    checking a :class:`GroupDemand` per group on every tick.
+    """
+    slots = min(free, sum(ready))
     if slots == 0:
         return []
 
-    weights, scale, multiple = _virtual_scale(tuple(g.weight for g in ordered))
-    usage = [g.running + g.served for g in ordered]
-    caps = [u + g.ready for u, g in zip(usage, ordered, strict=True)]
+    weights, scale, multiple = _virtual_scale(weights_)
+    caps = [u + r for u, r in zip(usage, ready, strict=True)]
     levels = _share_levels(usage, caps, weights, scale, multiple=multiple, slots=slots)
 
-    given = [0] * len(ordered)
+    given = [0] * len(names)
     # Groups with ready jobs that are not yet eligible, keyed by virtual start (u + a) / w.
-    waiting = [(usage[i] * scale[i], i) for i, g in enumerate(ordered) if g.ready > 0]
+    waiting = [(usage[i] * scale[i], i) for i, r in enumerate(ready) if r > 0]
     heapq.heapify(waiting)
     # Eligible groups, keyed by (virtual finish, heavier first, name): a total order.
     eligible: list[tuple[int, int, str, int]] = []
@@ -266,13 +289,13 @@ def fair_share(groups: Sequence[GroupDemand], free: int) -> list[str]:
         while waiting and waiting[0][0] * under < over:
             _, i = heapq.heappop(waiting)
             finish = (usage[i] + given[i] + 1) * scale[i]
-            heapq.heappush(eligible, (finish, -weights[i], ordered[i].name, i))
+            heapq.heappush(eligible, (finish, -weights[i], names[i], i))
         # Non-empty: sum(u + a) = n + j - 1 < n + j = sum(s(n + j)), so some group with a
         # ready job left has u + a < s <= theta * w, i.e. virtual start below theta.
         assert eligible, "fair_share: no eligible group; the rule's invariant is broken"
         _, _, name, i = heapq.heappop(eligible)
         ranking.append(name)
         given[i] += 1
-        if given[i] < ordered[i].ready:
+        if given[i] < ready[i]:
             heapq.heappush(waiting, ((usage[i] + given[i]) * scale[i], i))
     return ranking

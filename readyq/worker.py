@@ -8,6 +8,7 @@ transaction. All time comes from the queue's :class:`~readyq.clock.Clock`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,7 +26,7 @@ from . import _process
 from ._scan import GroupStats, RecentScan
 from ._threads import HandlerThreads
 from .errors import InvalidJob, LeaseLost, ReadyqError
-from .fairshare import GroupDemand, fair_share
+from .fairshare import GroupDemand, _rank_checked, fair_share  # internal seam: see rank()
 from .handlers import Handler, Handlers, JobContext
 from .job import Lease, encode_payload
 from .limits import Concurrency, Limit
@@ -274,7 +276,6 @@ class Worker:
             for run in self._runs.values():
                 if not run.released:  # a returned run's slot is free this tick
                     local[run.ctx.lease.group] = local.get(run.ctx.lease.group, 0) + 1
-        demands = []
         active = {s.group for s in stats}
         # A group that left the backlog forgets its history; one that joins starts at the
         # current virtual time of the others, neither owed a burst nor penalized.
@@ -283,14 +284,31 @@ class Worker:
             level = min(self._served[s.group] / s.weight for s in stats if s.group in self._served)
         else:
             level = 0.0
+        names: list[str] = []
+        readies: list[int] = []
+        usage: list[int] = []
         for s in stats:
-            self._served.setdefault(s.group, int(level * s.weight))
+            served = self._served.setdefault(s.group, int(level * s.weight))
             ready = s.ready
             cap = self.group_caps.get(s.group)
             if cap is not None:
                 ready = max(0, min(ready, cap - local.get(s.group, 0)))
-            demands.append(GroupDemand(s.group, s.weight, s.running, ready, self._served[s.group]))
-        return fair_share(demands, free)
+            names.append(s.group)
+            readies.append(ready)
+            usage.append(s.running + served)
+        weights = tuple(s.weight for s in stats)
+        checked = all(a < b for a, b in pairwise(names)) and all(0 < w < math.inf for w in weights)
+        if not checked or min(usage, default=0) < 0 or min(readies, default=0) < 0:
+            # Not a scan's (sorted, distinct, valid) groups: fair_share checks every field.
+            return fair_share(
+                [
+                    GroupDemand(s.group, s.weight, s.running, r, self._served[s.group])
+                    for s, r in zip(stats, readies, strict=True)
+                ],
+                free,
+            )
+        # A scan's groups, as readyq wrote them: rank without a checked object per group.
+        return _rank_checked(names, weights, usage, readies, free)
 
     def lease(self, ranking: list[str]) -> list[Lease]:
         """Stage 4: claim the ranked jobs atomically, falling through taken groups."""
@@ -318,18 +336,21 @@ class Worker:
     def dispatch(self, leases: list[Lease]) -> int:
         """Stage 5: start a handler for each lease."""
         now = self._clock.monotonic()
+        runs = []
         for lease in leases:
-            ctx = JobContext(lease, self.queue, self.lease_ttl)
-            run = _Run(ctx)
+            runs.append(_Run(JobContext(lease, self.queue, self.lease_ttl)))
             for limit in self.limits:
                 limit.acquire(lease, now)
-            with self._lock:
-                self._runs[lease.job_id] = run
-                self._recent.claimed(lease.group)
+        with self._lock:
+            for run in runs:
+                self._runs[run.ctx.lease.job_id] = run
+                self._recent.claimed(run.ctx.lease.group)
+        for run in runs:
             if self.executor == "inline":
-                self._call(run)  # now, in this thread; the next tick collects its outcome
+                if not run.settled:  # not lost (to a heartbeat) while the ones before ran
+                    self._call(run)  # now, in this thread; the next tick collects it
                 continue
-            name = f"readyq-job-{lease.job_id}"
+            name = f"readyq-job-{run.ctx.lease.job_id}"
             if self._handler_threads is not None:
                 run.thread = self._handler_threads.start(run, name)
             else:
@@ -373,6 +394,7 @@ class Worker:
         with self._lock:
             done = [r for r in self._runs.values() if r.outcome is not None and not r.released]
         finished = lost = 0
+        returned = []
         for run in done:
             lease = run.ctx.lease
             assert run.outcome is not None
@@ -383,7 +405,7 @@ class Worker:
                         f"job {lease.job_id}: {run.ctx.reason}", lease.job_id, lease.token
                     )
                 if kind == "ok":
-                    self._release(run)
+                    returned.append(run)
                     continue
                 permanent = isinstance(value, ReadyqError)
                 outcome = self.queue.fail(lease, value, retry=not permanent)
@@ -399,6 +421,7 @@ class Worker:
                 lost += 1
                 self._emit("lease_lost", job=lease.job_id, token=lease.token, reason=str(exc))
             self._end(run)
+        self._release(*returned)
         return finished, lost
 
     def persist_and_lease(self, ranking: list[str]) -> tuple[int, int, list[Lease]]:
@@ -419,15 +442,15 @@ class Worker:
         outcomes, leases = self.queue._finalize_encoded_and_claim(
             items, self.worker_id, self.lease_ttl, max(1, len(ranking)), ranking
         )
-        finished = lost = 0
-        for run, got in zip(results, outcomes, strict=True):
-            lease = run.ctx.lease
-            if isinstance(got, LeaseLost):
-                lost += 1
-                self._emit("lease_lost", job=lease.job_id, token=lease.token, reason=str(got))
-            else:
-                finished += 1
-                self._emit("finalize", job=lease.job_id, token=lease.token)
+        lost = sum(isinstance(got, LeaseLost) for got in outcomes)
+        finished = len(outcomes) - lost
+        if self.hooks or log.isEnabledFor(logging.INFO):  # as in _emit: nobody else listens
+            for run, got in zip(results, outcomes, strict=True):
+                lease = run.ctx.lease
+                if isinstance(got, LeaseLost):
+                    self._emit("lease_lost", job=lease.job_id, token=lease.token, reason=str(got))
+                else:
+                    self._emit("finalize", job=lease.job_id, token=lease.token)
         self._end(*results)
         self._claimed(leases)
         return finished, lost, leases
@@ -439,17 +462,18 @@ class Worker:
         done, gone, _ = self.persist_and_lease([])
         return finished + done, lost + gone
 
-    def _release(self, run: _Run) -> None:
-        """Give a run's slots back to the limits, once."""
-        if run.released:  # set once, never cleared: no need for the lock to see it
-            return
+    def _release(self, *runs: _Run) -> None:
+        """Give each run's slots back to the limits, once."""
         with self._lock:
-            if run.released:
-                return
-            run.released = True
+            freed = [run for run in runs if not run.released]
+            for run in freed:
+                run.released = True
+        if not freed:
+            return
         now = self._clock.monotonic()
-        for limit in self.limits:
-            limit.release(run.ctx.lease, now)
+        for run in freed:
+            for limit in self.limits:
+                limit.release(run.ctx.lease, now)
 
     def _end(self, *runs: _Run) -> None:
         """Each run's slot ends exactly once, whatever happened to its lease."""
@@ -461,8 +485,7 @@ class Worker:
                 group = run.ctx.lease.group
                 self._served[group] = self._served.get(group, 0) + 1
                 self._recent.ended(group)
-        for run in ending:
-            self._release(run)
+        self._release(*ending)
 
     def check_timeouts(self) -> None:
         """Abandon runs past their hang deadline: their late result will be rejected."""

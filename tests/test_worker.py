@@ -17,6 +17,7 @@ import worker_handlers
 
 import readyq
 from readyq import Concurrency, Handlers, InvalidJob, JobState, RateLimit, Worker
+from readyq._scan import GroupStats
 
 pytestmark = pytest.mark.backend
 S = JobState
@@ -639,6 +640,58 @@ class TestInlineExecutor:
         info = queue.get(job)
         assert (info.state, info.result, w.running) == (S.FAILED, None, 0)
         assert (info.error or "").startswith("timed out")
+
+    def test_an_inline_job_whose_lease_is_lost_before_its_turn_never_runs(
+        self, queue: readyq.Queue
+    ) -> None:
+        """A tick's jobs run one after another; one that a heartbeat found cancelled while
+        the one before it ran is ended, and its handler is not called."""
+        ran: list[int] = []
+
+        def first(ctx: readyq.JobContext, args: dict[str, Any]) -> None:
+            ran.append(ctx.job_id)
+            queue.cancel(second)
+            time.sleep(0.01)
+            w.heartbeat_due()  # renews the leases it holds: the cancelled one is lost
+
+        def other(ctx: readyq.JobContext, args: dict[str, Any]) -> None:
+            ran.append(ctx.job_id)
+
+        head = queue.enqueue("first", priority=-1)
+        second = queue.enqueue("other")
+        w = Worker(
+            queue,
+            {"first": first, "other": other},
+            executor="inline",
+            limits=[Concurrency(2)],
+            heartbeat_every=0.001,
+        )
+        assert w.tick().dispatched == 2
+        assert (ran, w.running, queue.get(second).state) == ([head], 1, S.CANCELLED)
+
+
+class TestRankInput:
+    def test_groups_out_of_order_rank_as_sorted_ones(self, queue: readyq.Queue) -> None:
+        """rank() takes hand-made stats too: unsorted, they rank as the sorted ones."""
+        stats = [GroupStats("b", 3, 0, 2.0), GroupStats("a", 3, 0, 1.0)]
+        w = Worker(queue, {"ok": ok})
+        assert w.rank(stats, 3) == Worker(queue, {"ok": ok}).rank(sorted(stats, key=str), 3)
+
+    @pytest.mark.parametrize(
+        ("stats", "match"),
+        [
+            ([("a", 1, 0, 0.0)], "weight must be finite and > 0"),
+            ([("a", 1, 0, 1.0), ("a", 1, 0, 1.0)], "duplicate group name"),
+            ([("a", -1, 0, 1.0)], "ready must be >= 0"),
+        ],
+        ids=["zero weight", "duplicate", "negative ready"],
+    )
+    def test_invalid_stats_are_refused_by_name(
+        self, queue: readyq.Queue, stats: list[tuple[str, int, int, float]], match: str
+    ) -> None:
+        """Not a scan's groups: every field is checked, as fair_share checks it."""
+        with pytest.raises(ValueError, match=match):
+            Worker(queue, {"ok": ok}).rank([GroupStats(*s) for s in stats], 1)
 
 
 def test_a_fault_free_run_reports_no_lost_lease(queue: readyq.Queue) -> None:
