@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -297,3 +298,20 @@ def test_worker_stages_count_the_leases_an_inline_worker_claimed(backend: Any) -
     got = worker_stages(backend.url, 4, 0.005, executor="inline")
     assert (got["done"], got["claimed"]) == (30, 30)
     assert got["ticks"] >= 30 / 4
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (bench.instructions)")
+def test_instructions_counts_a_workers_client_work_per_job(backend: Any) -> None:
+    """Drains of 20 and 60 jobs under callgrind: a count per job, start-up cancelled out."""
+    from readyq_bench.instructions import count
+
+    import readyq
+
+    if backend.name != "sqlite":
+        pytest.skip("a tool's arithmetic: SQLite is enough (one drain takes 15 s)")
+    with readyq.Queue(backend.url) as q:
+        q.install()
+    per_job = count(backend.url, "inline", 20)
+    # A no-op job through a Worker and SQLite: hundreds of thousands of instructions,
+    # not the hundreds of millions of start-up and imports (counted in both, cancelled).
+    assert 10_000 < per_job < 5_000_000, per_job
