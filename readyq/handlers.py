@@ -45,6 +45,28 @@ class Handlers:
         return sorted(self._by_type)
 
 
+_BUILDING = threading.Lock()
+
+
+class _LostEvent(threading.Event):
+    """A ``threading.Event`` that builds its Condition on first use: a Worker makes one
+    per job, and most jobs end without anyone waiting on (or setting) it. ``is_set()``
+    reads the flag alone, as ``threading.Event``'s does."""
+
+    def __init__(self) -> None:  # no super().__init__(): that builds the Condition now
+        self._flag = False
+
+    @property
+    def _cond(self) -> threading.Condition:  # built on first use
+        cond: threading.Condition | None = self.__dict__.get("_built")
+        if cond is None:
+            with _BUILDING:  # two threads' first set() and wait() must share one
+                cond = self.__dict__.get("_built")
+                if cond is None:
+                    cond = self.__dict__["_built"] = threading.Condition(threading.Lock())
+        return cond
+
+
 @dataclass
 class JobContext:
     """What a handler knows about its run. Check ``lost`` in long loops and stop when set."""
@@ -52,7 +74,7 @@ class JobContext:
     lease: Lease
     _queue: Queue = field(repr=False)
     _ttl: float = field(repr=False)
-    lost: threading.Event = field(default_factory=threading.Event)
+    lost: threading.Event = field(default_factory=_LostEvent)
     reason: str | None = None
 
     @property

@@ -14,7 +14,6 @@ import signal
 import socket
 import threading
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -213,7 +212,10 @@ class Worker:
             raise
         for lease in leases:
             claimed[lease.group] = claimed.get(lease.group, 0) + 1
-        if any(claimed.get(g, 0) < n for g, n in Counter(ranking).items()):
+        asked: dict[str, int] = {}
+        for g in ranking:
+            asked[g] = asked.get(g, 0) + 1
+        if any(claimed.get(g, 0) < n for g, n in asked.items()):
             # A ranked group had fewer ready jobs than the scan showed (another worker
             # took them, or the scan was reused): the next tick must not rank it again.
             self._forget_scan()
