@@ -65,7 +65,7 @@ def _drain(result: dict[str, Any]) -> list[str]:
             name += ", finalize_and_claim"
         if r["runner"] == "worker":
             name = f"Worker {r['mode']} x{r['workers']} {r['groups']} groups, {r['limit']} slots"
-            name += f", {r.get('executor', 'thread')}"
+            name += f", {r['executor']}"
         extra = f"{r['vs_raw']:.2f}" if r.get("vs_raw") else ""
         rows.append([name, *_smm(r["jobs_per_s"]), f"{r['ratio']:.2f}", extra, *_cpu(r)])
     out += _table(

@@ -592,10 +592,15 @@ class TestInlineExecutor:
     ) -> None:
         """The tick itself runs the claimed handlers; the next tick commits their results."""
         jobs = [queue.enqueue("ok", {"n": n}) for n in range(3)]
-        w = Worker(queue, {"ok": ok}, executor="inline", limits=[Concurrency(5)])
+        returned: list[int] = []
+
+        def note(ctx: readyq.JobContext, args: dict[str, Any]) -> dict[str, Any]:
+            returned.append(ctx.job_id)
+            return ok(ctx, args)
+
+        w = Worker(queue, {"ok": note}, executor="inline", limits=[Concurrency(5)])
         report = w.tick()
-        assert report.dispatched == 3
-        assert [w._runs[j].outcome is not None for j in jobs] == [True] * 3
+        assert (report.dispatched, returned) == (3, jobs)
         w.tick()
         assert [queue.get(j).result for j in jobs] == [{"n": 0}, {"n": 1}, {"n": 2}]
 
