@@ -171,7 +171,7 @@ _DEFAULT_LEVEL = "readyq_default_isolation"
 def _reads_committed_by_default(conn: Connection) -> bool:
     """Whether this session's transactions default to READ COMMITTED: asked once per
     connection (the server's, database's or role's setting; one a caller SETs on a
-    pooled session later is not seen: docs/guarantees.md)."""
+    pooled session later is not seen: docs/databases.md)."""
     info = conn.connection.info
     level = info.get(_DEFAULT_LEVEL)
     if level is None:
