@@ -69,7 +69,7 @@ jobs = sa.Table(
     sa.Column("group_key", _Name, nullable=False),
     sa.Column("weight", sa.Float(), nullable=False),
     sa.Column("priority", sa.Integer(), nullable=False),
-    sa.Column("key", _Key, unique=True),
+    sa.Column("key", _Key),
     # Open dependencies (not yet done). Decremented atomically in the finalize of each
     # dependency: the child's row lock serializes parents finishing together.
     sa.Column("pending_deps", sa.Integer(), nullable=False),
@@ -102,6 +102,10 @@ jobs = sa.Table(
     # Not partial: a plan of a bound state cannot be proved to match a state predicate, and
     # with stale statistics the planner then walked every ready row (tests/test_claim_plan).
     sa.Index("ix_readyq_jobs_claim", "state", "group_key", "priority", "run_after_us", "id"),
+    # Idempotency keys, unique where set: most jobs have none, and a full index took a
+    # NULL entry for every version of every row (enqueue, claim, finalize). Found by
+    # "key IN (...)", which implies "key IS NOT NULL".
+    sa.Index("uq_readyq_jobs_key", "key", unique=True, **_only_set("key")),
     sa.Index("ix_readyq_jobs_global", "state", "priority", "run_after_us", "id"),
     # The sweeper: expired leases and passed hang deadlines (both are set while running).
     sa.Index("ix_readyq_jobs_expiry", "state", "lease_expires_us", **_only_set("lease_expires_us")),

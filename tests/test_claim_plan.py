@@ -284,6 +284,20 @@ def test_prune_reads_about_its_batch_beside_many_ready_jobs(explained: readyq.Qu
     assert sum(_sql_rows_read(explained, sql, params) for sql, params in sent) <= BOUND
 
 
+def test_a_key_lookup_reads_only_keyed_jobs(explained: readyq.Queue) -> None:
+    """Enqueue's "does this key exist?" reads by the key index, never the keyless jobs
+    around it (on PostgreSQL an index of the keyed jobs alone)."""
+    fill_jobs(explained.engine, FILLER, state="ready", now=explained.clock.now_us())
+    keys = [f"k{i}" for i in range(3)]
+    for key in keys:
+        explained.enqueue("t", key=key)
+    _analyze(explained)
+    c = jobs.c
+    asked = [*keys, "missing"]
+    stmt = sa.select(c.key, c.id).where(c.key.in_([sa.bindparam(f"k{i}") for i in range(4)]))
+    assert _rows_read(explained, stmt, {f"k{i}": k for i, k in enumerate(asked)}) <= BOUND
+
+
 def test_postgresql_indexes_leave_out_the_rows_they_never_serve(queue: readyq.Queue) -> None:
     """A state change rewrites the row into every index whose predicate it meets: the
     sweeper, retention and lookup indexes hold only rows whose column is set."""
@@ -297,7 +311,7 @@ def test_postgresql_indexes_leave_out_the_rows_they_never_serve(queue: readyq.Qu
     where = {name: d.partition(" WHERE ")[2] for name, d in rows}
     assert where == {
         "pk_readyq_jobs": "",
-        "uq_readyq_jobs_key": "",
+        "uq_readyq_jobs_key": "(key IS NOT NULL)",
         "ix_readyq_jobs_claim": "",
         "ix_readyq_jobs_global": "",
         "ix_readyq_jobs_expiry": "(lease_expires_us IS NOT NULL)",
