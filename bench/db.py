@@ -201,6 +201,20 @@ def fill_jobs(
     return root
 
 
+def refill_noops(url: str, n: int, *, groups: int = 1, analyze_after: bool = True) -> None:
+    """Empty readyq's tables, then enqueue ``n`` ready ``noop`` jobs through the API (1,000
+    per graph), in groups ``g0`` .. of weights 1 .., and ANALYZE unless told not to."""
+    empty_queue(url)
+    with readyq.Queue(url) as q:
+        for start in range(0, n, 1000):
+            with q.graph() as g:
+                for i in range(start, min(n, start + 1000)):
+                    k = i % groups
+                    g.add("noop", {"i": i}, group=f"g{k}", weight=k + 1)
+        if analyze_after:
+            analyze(q.engine)
+
+
 def analyze(engine: Engine) -> None:
     """Fresh planner statistics after a bulk fill (PostgreSQL; MySQL/MariaDB likewise)."""
     name = engine.dialect.name

@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import readyq
 
@@ -38,15 +37,6 @@ __all__ = ["count", "main"]
 
 RUNNERS = ("raw", "inline", "thread")
 _COLLECTED = re.compile(r"Collected : (\d+)")
-
-
-def _fill(url: str, n: int) -> None:
-    db.empty_queue(url)
-    with readyq.Queue(url) as q:
-        with q.graph() as g:
-            for i in range(n):
-                g.add("noop", {"i": i}, group=f"g{i % 10}", weight=i % 10 + 1)
-        db.analyze(q.engine)
 
 
 def _drain(url: str, runner: str, n: int) -> None:
@@ -73,7 +63,7 @@ def _drain(url: str, runner: str, n: int) -> None:
 
 
 def _instructions(url: str, runner: str, n: int) -> int:
-    _fill(url, n)
+    db.refill_noops(url, n, groups=10)
     assert __spec__ is not None  # run with -m: the child runs this module the same way
     cmd = [
         "valgrind",
@@ -122,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         with readyq.Queue(url) as q:
             q.install()
             server = db.server_version(url)
-        got: dict[str, Any] = {r: count(url, r, args.jobs) for r in runners}
+        got: dict[str, float] = {r: count(url, r, args.jobs) for r in runners}
     print(f"client instructions per job ({server}, N={args.jobs}):")
     for runner, per_job in got.items():
         ratio = f"  {per_job / got['raw']:.2f}x raw" if "raw" in got else ""

@@ -70,15 +70,7 @@ class Bench:
     def _prefill(self, n: int, groups: int = 1) -> None:
         """Emptied tables holding ``n`` ready no-op jobs (in ``groups`` weighted groups),
         analyzed unless ``--no-analyze``."""
-        db.empty_queue(self.url)
-        with readyq.Queue(self.url) as q:
-            for start in range(0, n, 1000):
-                with q.graph() as g:
-                    for i in range(start, min(n, start + 1000)):
-                        k = i % groups
-                        g.add("noop", {"i": i}, group=f"g{k}", weight=k + 1)
-            if self.cfg.analyze:
-                db.analyze(q.engine)
+        db.refill_noops(self.url, n, groups=groups, analyze_after=self.cfg.analyze)
 
     def _drain_run(self, n: int, mode: str, loop: Callable[..., Any], args: list[Any]) -> float:
         """One drain of the ``n`` jobs in the table: its rate, and its CPU split noted."""

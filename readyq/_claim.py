@@ -287,13 +287,13 @@ def _top_up_rows(conn: Connection, ad: Adapter, more: TopUp, params: dict[str, A
         if n <= 0:
             break
         got = conn.execute(_claim_ranked(ad, _guard), _ranked_params(params, {g: n}))
-        rows += sorted(got, key=_claim_order)
+        rows += sorted(got, key=_CLAIM_ORDER)
     return rows
 
 
 #: Sort keys of claimed rows: claim order, and ranked-group order then claim order (built
 #: in C: a Python key function per row cost a tick of ten jobs 20 calls).
-_claim_order = operator.attrgetter("priority", "run_after_us", "id")
+_CLAIM_ORDER = operator.attrgetter("priority", "run_after_us", "id")
 _RANKED_ORDER = operator.attrgetter("ord", "priority", "run_after_us", "id")
 
 
@@ -363,7 +363,7 @@ def _claim_params(worker_id: str, now: int, ttl_us: int, limit: int) -> dict[str
 
 def _claimed(rows: list[Any], worker_id: str, expires_us: int) -> list[Lease]:
     """Leases from the one-statement claim's rows (RETURNING has no order): claim order."""
-    rows.sort(key=_claim_order)
+    rows.sort(key=_CLAIM_ORDER)
     return _leases(rows, worker_id, expires_us)
 
 

@@ -170,12 +170,16 @@ class Worker:
 
     # -- events -----------------------------------------------------------------------
 
+    def _listened(self) -> bool:
+        """Whether an event would reach anyone (a hook, or the log at INFO): when not,
+        building each event's fields would be all it costs, a few per job."""
+        return bool(self.hooks) or log.isEnabledFor(logging.INFO)
+
     def _emit(self, event: str, **fields: Any) -> None:
-        logged = log.isEnabledFor(logging.INFO)
-        if not logged and not self.hooks:
-            return  # nobody listens: building each event's fields would be all it costs
+        if not self._listened():
+            return
         fields = {"worker": self.worker_id, **fields}
-        if logged:  # formatting costs more than the event, per job
+        if log.isEnabledFor(logging.INFO):  # formatting costs more than the event, per job
             log.info(
                 "%s %s",
                 event,
@@ -323,8 +327,8 @@ class Worker:
         return leases
 
     def _claimed(self, leases: list[Lease]) -> None:
-        if not self.hooks and not log.isEnabledFor(logging.INFO):
-            return  # as in _emit, without building each event's fields
+        if not self._listened():
+            return  # not even each event's fields
         for lease in leases:
             self._emit(
                 "claim",
@@ -446,7 +450,7 @@ class Worker:
         )
         lost = sum(isinstance(got, LeaseLost) for got in outcomes)
         finished = len(outcomes) - lost
-        if self.hooks or log.isEnabledFor(logging.INFO):  # as in _emit: nobody else listens
+        if self._listened():
             for run, got in zip(results, outcomes, strict=True):
                 lease = run.ctx.lease
                 if isinstance(got, LeaseLost):
