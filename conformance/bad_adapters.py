@@ -99,16 +99,15 @@ def first_group_only(base: type[Adapter]) -> type[Adapter]:
     return _variant(base, "FirstGroup", doc=first_group_only.__doc__, loose_distinct=loose_distinct)
 
 
-def ranked_by_name(base: type[Adapter]) -> type[Adapter]:
-    """A ``ranked_groups`` that numbers the groups by name, not in the order given: a
-    one-statement grouped claim hands its jobs out in the wrong order."""
+def ranked_one_each(base: type[Adapter]) -> type[Adapter]:
+    """A ``ranked_groups`` that asks one job of every group, whatever its share: a group
+    the ranking names twice gets one slot in the one-statement grouped claim."""
 
     def ranked_groups(self: Adapter) -> sa.FromClause:
         given = base.ranked_groups(self)
-        rank = sa.func.row_number().over(order_by=given.c.g).label("ord")
-        return sa.select(given.c.g, given.c.n, rank).subquery("by_name")
+        return sa.select(given.c.g, sa.literal(1).label("n")).subquery("one_each")
 
-    return _variant(base, "RankedByName", doc=ranked_by_name.__doc__, ranked_groups=ranked_groups)
+    return _variant(base, "RankedOneEach", doc=ranked_one_each.__doc__, ranked_groups=ranked_groups)
 
 
 def read_then_update(base: type[Adapter]) -> type[Adapter]:
@@ -227,9 +226,9 @@ BAD_ADAPTERS: dict[str, BadAdapter] = {
             "the Worker's scan finds only the first group with ready jobs",
         ),
         BadAdapter(
-            "ranked_by_name",
+            "ranked_one_each",
             ("postgresql",),
-            "the one-statement grouped claim ignores the ranking's order",
+            "the one-statement grouped claim ignores the ranking's shares",
         ),
         BadAdapter("repeatable_read", ("mysql",), "InnoDB gap locks block enqueues"),
         BadAdapter("sqlite_deferred", ("sqlite",), "SQLite transactions start deferred"),

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from ._guards import guard as _guard
 from ._guards import id_binds, id_values
-from .dialects import Adapter
+from .dialects import Adapter, plan_once
 from .job import TRANSITIONS, JobState, Lease, decode_payload
 from .schema import jobs
 
@@ -98,18 +98,18 @@ def _claim_one_statement(
 
     MATERIALIZED: the select (and its LIMIT and row locks) runs exactly once; a CTE the
     planner inlined into the IN could be re-evaluated and lock more rows than asked for.
-    Joined (UPDATE ... FROM picked), not ``id IN (SELECT ...)``: with stale statistics
-    PostgreSQL ran the IN as a semi join that walked every ready row per claim.
+    Found through :meth:`Adapter.among`, not ``id IN (SELECT ...)``: with stale
+    statistics PostgreSQL ran the IN as a semi join that walked every ready row per claim.
     """
     select = _claim_select(ad, False)
     if unless_boxed:
         select = select.where(none_boxed(unless_boxed))
     picked = select.cte("picked").prefix_with("MATERIALIZED")
-    return (
+    return plan_once(
         sa.update(jobs)
         # IS TRUE: the re-check must not drive the plan; as an index condition on state
         # the planner (stale statistics) scanned every ready row per claim.
-        .where(c.id == picked.c.id, guard("claim").is_(sa.true()))
+        .where(ad.among(c.id, picked), guard("claim").is_(sa.true()))
         .values(_claim_values())
         .returning(*_LEASE_COLS)
     )
@@ -221,7 +221,7 @@ def _claim_ranked(
 ) -> Any:
     """The grouped claim as one statement: each ranked group ``(g, n, ord)`` joins
     LATERAL its first ``n`` ready rows (locked, skipping rows locked by others), and the
-    UPDATE leases them all; ``ord`` comes back to put the leases in ranked order.
+    UPDATE leases them all (their groups put the leases in ranked order).
 
     One text for every ranking, so it is prepared once. (A CTE per group and pass, 20 for
     10 groups, was planned again on every execution: docs/benchmarks.md, session 5.)
@@ -238,7 +238,7 @@ def _claim_ranked(
         ready = ready.where(none_boxed(unless_boxed))
     window = ad.lock_claimable(ready.order_by(*_ORDER).limit(want.c.n)).lateral("window")
     picked = (
-        sa.select(window.c.id, want.c.ord)
+        sa.select(window.c.id)
         .select_from(want.join(window, sa.true()))
         # Never cuts (the shares sum to at most n), but it is the planner's estimate: with
         # 10% of the table guessed per window, the UPDATE hash-joined a scan of every job.
@@ -246,11 +246,11 @@ def _claim_ranked(
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
-    return (
+    return plan_once(
         sa.update(jobs)
-        .where(c.id == picked.c.id, guard("claim").is_(sa.true()))
+        .where(ad.among(c.id, picked), guard("claim").is_(sa.true()))
         .values(_claim_values())
-        .returning(*_LEASE_COLS, picked.c.ord)
+        .returning(*_LEASE_COLS)
     )
 
 
@@ -267,12 +267,11 @@ def _first_pass(
 ) -> tuple[list[Any], TopUp | None]:
     """The ranked claim's rows in ranked order, and what its second pass offers: the
     slots left, to the groups that got all they asked for."""
-    names = list(wanted)
-    got = dict.fromkeys(names, 0)
-    for r in rows:
-        got[names[r.ord - 1]] += 1
-    ordered = sorted(rows, key=_RANKED_ORDER)
-    full = [g for g in names if got[g] == wanted[g]]
+    by_group: dict[str, list[Any]] = {g: [] for g in wanted}
+    for r in sorted(rows, key=_CLAIM_ORDER):
+        by_group[r.group_key].append(r)
+    ordered = [r for got in by_group.values() for r in got]
+    full = [g for g, got in by_group.items() if len(got) == wanted[g]]
     left = limit - len(ordered)
     return ordered, (TopUp(full, left) if full and left > 0 else None)
 

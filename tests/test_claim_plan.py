@@ -24,6 +24,7 @@ from readyq_bench.db import fill_jobs
 
 import readyq
 from readyq import _claim, _dag, _guards, _scan, _store
+from readyq.dialects import plans_once
 from readyq.schema import jobs
 
 try:
@@ -172,6 +173,77 @@ def test_grouped_claim_reads_about_its_shares_beside_other_groups(
     sent = _statements_of(explained, claim)
     assert any("UPDATE" in sql for sql, _ in sent), sent
     assert sum(_sql_rows_read(explained, sql, params) for sql, params in sent) <= BOUND
+
+
+def _generic_rows_read(q: readyq.Queue, stmt: Any, params: dict[str, Any]) -> int:
+    """:func:`_rows_read` of the plan PostgreSQL makes for ``stmt`` without its values (a
+    generic plan, what ``plan_cache_mode`` keeps), checked to be that plan."""
+    compiled = stmt.compile(dialect=q.engine.dialect.__class__(paramstyle="numeric_dollar"))
+    values = compiled.construct_params(params)
+    positional = tuple(values[name] for name in compiled.positiontup or ())
+    with q.engine.connect() as conn:
+        try:
+            with conn.begin() as tx:
+                conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+                conn.exec_driver_sql("PREPARE readyq_generic AS " + compiled.string)
+                types = conn.exec_driver_sql(_PREPARED_TYPES).scalar_one()
+                # EXECUTE's arguments cannot be bound server-side (a utility statement's
+                # parameters have no type): psycopg's client-side binding quotes them.
+                cur = pytest.importorskip("psycopg").ClientCursor(conn.connection.driver_connection)
+                marks = ", ".join(f"%s::{t}" for t in types)  # types the server inferred
+                cur.execute(f"{_EXPLAIN_GENERIC}({marks})", positional)
+                ((plan,),) = cur.fetchall()
+                plans = conn.exec_driver_sql(_PREPARED_PLANS).one()
+                tx.rollback()
+        finally:
+            conn.exec_driver_sql("DEALLOCATE ALL")  # not transactional: gone either way
+    assert tuple(plans) == (1, 0), "not the generic plan"
+    return _pg_rows(plan[0]["Plan"])
+
+
+_EXPLAIN_GENERIC = "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE readyq_generic"
+_PREPARED_TYPES = (
+    "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'readyq_generic'"
+)
+_PREPARED_PLANS = (
+    "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'readyq_generic'"
+)
+
+
+def _planned_once(q: readyq.Queue) -> list[tuple[str, Any, dict[str, Any]]]:
+    """Every claim statement marked ``plan_once``, with values for a claim of LIMIT."""
+    ad, now = q.adapter, q.clock.now_us()
+    params = _claim._claim_params("plan", q.clock.now_us(), 10**7, LIMIT)
+    boxed = {**params, **_guards.id_values("id", [1, 2, 3])}
+    ranked = _claim.one_statement(
+        ad, worker_id="plan", now=now, ttl_us=10**7, limit=LIMIT, groups=["mine", "also"] * 5
+    )
+    got = [
+        ("claim", _claim._claim_one_statement(ad, _guards.guard), params),
+        ("claim unless boxed", _claim._claim_one_statement(ad, _guards.guard, 3), boxed),
+        ("ranked claim", *ranked),
+    ]
+    assert all(plans_once(stmt) for _, stmt, _ in got)
+    return got
+
+
+def test_claims_planned_once_read_about_limit_rows_when_statistics_predate_the_backlog(
+    queue: readyq.Queue,
+) -> None:
+    """PostgreSQL keeps one plan for the claims marked ``plan_once``: made without their
+    values (how many jobs, which groups), it must still walk the claim's index in order
+    and update the picked rows by primary key, even on the statistics of a quiet spell."""
+    if _server(queue) != "postgresql":
+        pytest.skip("a PostgreSQL generic plan")
+    with queue.engine.begin() as conn:
+        conn.exec_driver_sql(_EXPLAIN["postgresql"][2])
+    fill_jobs(queue.engine, FILLER, state="done", now=queue.clock.now_us())
+    _ready(queue, 2)
+    _analyze(queue)
+    for g in ("mine", "also", "others"):
+        _ready(queue, FILLER // 3, group=g)
+    read = {name: _generic_rows_read(queue, stmt, p) for name, stmt, p in _planned_once(queue)}
+    assert all(n <= BOUND for n in read.values()), read
 
 
 def _picked_update(q: readyq.Queue) -> tuple[Any, dict[str, Any]]:

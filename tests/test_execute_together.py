@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import readyq
+from readyq.dialects import plan_once
 from readyq.schema import jobs
 
 try:
@@ -201,3 +202,78 @@ def test_a_pipeline_observer_hears_of_a_failed_pipeline(queue: readyq.Queue) -> 
         queue.adapter.commit_together(conn, [(MISSING_TABLE, {})])
     assert [kind for kind, _ in rec.seen] == ["before", "failed"]
     assert rec.seen[1][1] == "UndefinedTable"
+
+
+#: ``plan_once`` statements: the probe label finds them in ``pg_prepared_statements``.
+RANGE = sa.select(c.id.label("plan_probe")).where(c.priority >= sa.bindparam("p"))
+RANGE = RANGE.order_by(c.priority).limit(sa.bindparam("n"))
+PLANS = sa.text(
+    "SELECT sum(generic_plans) AS generic, sum(custom_plans) AS custom "
+    "FROM pg_prepared_statements WHERE statement LIKE :probe"
+)
+
+
+def needs_plan_cache(q: readyq.Queue) -> None:
+    needs_commit_together(q)
+    if q.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL's plan cache")
+
+
+def plans_after_runs(q: readyq.Queue, statements: Any, runs: int = 8) -> Any:
+    """Generic and custom plans the server made for ``RANGE`` after ``runs`` pipelines of
+    ``statements(k)`` on one session (psycopg prepares a statement on its fifth run)."""
+    with autocommit(q) as conn:
+        for k in range(runs):
+            q.adapter.commit_together(conn, statements(k))
+        return conn.execute(PLANS, {"probe": "%plan_probe%"}).one()
+
+
+def test_a_last_statement_marked_plan_once_keeps_one_plan_for_every_value(
+    queue: readyq.Queue,
+) -> None:
+    """PostgreSQL plans it without its values and keeps that plan: no plan per run."""
+    needs_plan_cache(queue)
+    got = plans_after_runs(queue, lambda k: [(plan_once(RANGE), {"p": k, "n": k + 1})])
+    assert (got.generic > 0, got.custom) == (True, 0)
+
+
+def test_an_unmarked_statement_is_planned_for_its_values(queue: readyq.Queue) -> None:
+    """The same statement without the mark gets a custom plan on its prepared runs (the
+    setting above is what changes it)."""
+    needs_plan_cache(queue)
+    got = plans_after_runs(queue, lambda k: [(RANGE, {"p": k, "n": k + 1})])
+    assert got.custom > 0
+
+
+def test_a_marked_statement_that_is_not_last_is_planned_for_its_values(
+    queue: readyq.Queue,
+) -> None:
+    """The setting would outlive it and reach the statements after it: not applied."""
+    needs_plan_cache(queue)
+    got = plans_after_runs(
+        queue, lambda k: [(plan_once(RANGE), {"p": k, "n": k + 1}), (READ_PRIORITY, {"job": 0})]
+    )
+    assert got.custom > 0
+
+
+def test_the_plan_setting_ends_with_the_pipelines_transaction(queue: readyq.Queue) -> None:
+    """The next statement on the pooled session plans as the session says."""
+    needs_plan_cache(queue)
+    with autocommit(queue) as conn:
+        before = conn.exec_driver_sql("SHOW plan_cache_mode").scalar()
+        got = queue.adapter.commit_together(conn, [(plan_once(RANGE), {"p": 0, "n": 1})])
+        after = conn.exec_driver_sql("SHOW plan_cache_mode").scalar()
+    assert (got, before, after) == ([[]], "auto", "auto")
+
+
+def test_a_marked_statement_gives_only_its_own_rows(queue: readyq.Queue) -> None:
+    """What the adapter sends for the mark adds no result to the list."""
+    needs_commit_together(queue)
+    job = queue.enqueue("t")
+    with autocommit(queue) as conn:
+        got = queue.adapter.commit_together(
+            conn, [(SET_PRIORITY, {"job": job, "p": 3}), (plan_once(READ_PRIORITY), {"job": job})]
+        )
+    assert got is not None
+    assert [len(rows) for rows in got] == [0, 1]
+    assert (got[1][0].id, got[1][0][1]) == (job, 3)

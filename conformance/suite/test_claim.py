@@ -86,6 +86,14 @@ class TestOrderAndLimits:
         got = [lease.group for lease in q.claim("w", limit=2, groups=["a", "a", "b"])]
         assert got == ["a", "a"]
 
+    def test_group_named_twice_gets_two_of_the_slots_it_fits_in(self, q: readyq.Queue) -> None:
+        """A ranking that fits the limit (one statement where the adapter has one) gives
+        a group named twice two jobs."""
+        for g in ("a", "a", "a", "b", "b"):
+            q.enqueue("t", group=g)
+        got = [lease.group for lease in q.claim("w", limit=3, groups=["a", "b", "a"])]
+        assert got == ["a", "a", "b"]
+
     def test_group_without_jobs_falls_through(self, q: readyq.Queue) -> None:
         """An empty group passes its slot down the ranking."""
         q.enqueue("t", group="b")

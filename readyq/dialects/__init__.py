@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from ..errors import UnsupportedDatabase
-from ._base import Adapter, PipelineObserver
+from ._base import Adapter, PipelineObserver, plan_once, plans_once
 from .mysql import MariaDBAdapter, MySQLAdapter
 from .postgresql import PostgreSQLAdapter
 from .sqlite import SQLiteAdapter
@@ -23,6 +23,8 @@ __all__ = [
     "adapter_class",
     "create_engine",
     "for_engine",
+    "plan_once",
+    "plans_once",
     "register",
 ]
 

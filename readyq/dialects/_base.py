@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -141,6 +141,10 @@ class Adapter:
         :meth:`execute_together`. None when this connection cannot (nothing was sent):
         the caller runs them in a transaction instead. Only where
         ``commit_together_capable``.
+
+        A last statement marked with :func:`plan_once` may be run with a plan made once
+        for all its values (its transaction ends with it, so a setting made for it does
+        not outlive it).
         """
         raise NotImplementedError
 
@@ -211,11 +215,16 @@ class Adapter:
         walk = first.union_all(step)
         return sa.select(walk.c.k).where(walk.c.k.is_not(None)).order_by(walk.c.k)
 
+    def among(self, column: sa.ColumnElement[Any], ids: sa.CTE) -> sa.ColumnElement[bool]:
+        """``column`` is one of the ids ``ids`` selected (a one-statement claim's UPDATE
+        condition; the CTE's column is ``id``). Default: a join, ``UPDATE ... FROM ids``."""
+        return column == ids.c.id
+
     def ranked_groups(self) -> sa.FromClause:
-        """A grouped claim's ranking as a relation ``(g, n, ord)``: the groups and the jobs
-        asked of each, bound as ``want``, a JSON array of ``[group, n]`` pairs in rank
-        order, and ``ord`` their rank from 1. One statement text for every ranking, so the
-        server can keep its plan. Only used with ``grouped_claim_in_one_statement``."""
+        """A grouped claim's ranking as a relation ``(g, n)``: the groups and the jobs
+        asked of each, bound as ``want``, a JSON array of ``[group, n]`` pairs. One
+        statement text for every ranking, so the server can keep its plan. Only used
+        with ``grouped_claim_in_one_statement``."""
         raise NotImplementedError
 
     # -- errors -----------------------------------------------------------------------
@@ -256,6 +265,25 @@ class PipelineObserver(Protocol):
     def after(self, conn: Connection, statements: Sequence[str], rowcounts: list[int]) -> None: ...
 
     def failed(self, conn: Connection, statements: Sequence[str], exc: BaseException) -> None: ...
+
+
+S = TypeVar("S", bound=sa.Executable)
+
+#: Execution option of a statement whose best plan is the same for every bound value.
+_PLAN_ONCE = "readyq_plan_once"
+
+
+def plan_once(stmt: S) -> S:
+    """``stmt``, marked as one whose best plan does not depend on its bound values (a
+    walk of an index in its order up to a small LIMIT, rows found by primary key): an
+    adapter may plan it once and keep the plan (:meth:`Adapter.commit_together`).
+    ``tests/test_claim_plan.py`` checks each marked statement's value-blind plan."""
+    return stmt.execution_options(**{_PLAN_ONCE: True})
+
+
+def plans_once(stmt: sa.Executable) -> bool:
+    """Whether ``stmt`` was marked with :func:`plan_once`."""
+    return bool(stmt.get_execution_options().get(_PLAN_ONCE))
 
 
 def pipeline_observer(conn: Connection) -> PipelineObserver | None:
