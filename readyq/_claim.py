@@ -327,7 +327,7 @@ def claim(
             ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
         )
         leases, more = one_statement_leases(
-            list(conn.execute(stmt, sent)),
+            ad.execute_one(conn, stmt, sent),
             worker_id=worker_id,
             expires_us=now + ttl_us,
             limit=limit,

@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .dialects import Adapter
+from .dialects import Adapter, plan_once
 from .job import JobState
 from .schema import jobs
 
@@ -108,7 +108,7 @@ def scan(conn: Connection, ad: Adapter, *, now: int, limit: int | None = None) -
         return _exact(conn, now)
     acc: dict[str, list[float]] = {}
     if ad.lateral_join:
-        _fold(acc, conn.execute(_capped_lateral(ad), {"now": now, "cap": limit}))
+        _fold(acc, ad.execute_one(conn, _capped_lateral(ad), {"now": now, "cap": limit}))
         return _stats(acc)
     groups = list(conn.execute(_ready_groups(ad)).scalars())
     for start in range(0, max(len(groups), 1), _ARMS):
@@ -172,7 +172,10 @@ def _running() -> sa.Select[Any]:
             sa.func.count().label("n"),
             sa.func.max(c.weight).label("weight"),
         )
-        .where(c.state == S.RUNNING)
+        # Implied (a claim sets the expiry; nothing else makes a job running), and it lets
+        # a plan made without the state's value use the index of running rows, not a
+        # sequential scan of every job (PostgreSQL's generic plan: docs/benchmarks.md).
+        .where(c.state == S.RUNNING, c.lease_expires_us.is_not(None))
         .group_by(c.group_key)
     )
 
@@ -205,7 +208,9 @@ def _capped_lateral(ad: Adapter) -> sa.Executable:
         .select_from(groups.join(window, sa.true()))
         .group_by(groups.c.k)
     )
-    return sa.union_all(_running(), ready)
+    # Planned once: each group's window walks the claim index whatever the cap, and the
+    # running jobs are found by their index (see _running).
+    return plan_once(sa.union_all(_running(), ready))
 
 
 @functools.lru_cache(maxsize=2 * _ARMS + 2)

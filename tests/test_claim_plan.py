@@ -36,6 +36,7 @@ pytestmark = pytest.mark.backend
 
 FILLER = 3000
 LIMIT = 10
+SCAN_GROUPS = 10
 #: Rows a claim of LIMIT may read: the picked index entries, the rows it updates by key,
 #: and slack for a row skipped as locked or re-checked. Far below FILLER.
 BOUND = 6 * LIMIT
@@ -246,6 +247,23 @@ def test_claims_planned_once_read_about_limit_rows_when_statistics_predate_the_b
     assert all(n <= BOUND for n in read.values()), read
 
 
+def test_capped_scan_planned_once_reads_about_limit_rows_per_group(queue: readyq.Queue) -> None:
+    """The Worker's scan is planned once too: without the states' values it must still
+    count the running jobs by their index (not a sequential scan of the finished ones)
+    and walk each group's window down the claim index."""
+    if _server(queue) != "postgresql":
+        pytest.skip("a PostgreSQL generic plan")
+    for i in range(SCAN_GROUPS):
+        _ready(queue, FILLER // SCAN_GROUPS, group=f"g{i}")
+    queue.claim("w", limit=LIMIT)
+    fill_jobs(queue.engine, FILLER, state="done", now=queue.clock.now_us())
+    _analyze(queue)
+    stmt = _scan._capped_lateral(queue.adapter)
+    assert plans_once(stmt)
+    params = {"now": queue.clock.now_us(), "cap": LIMIT}
+    assert _generic_rows_read(queue, stmt, params) <= SCAN_GROUPS * BOUND // 3
+
+
 def _picked_update(q: readyq.Queue) -> tuple[Any, dict[str, Any]]:
     """The claim's UPDATE of LIMIT picked ready jobs (a grouped claim's second step)."""
     with q.engine.connect() as conn:
@@ -287,9 +305,6 @@ def _statements_of(q: readyq.Queue, run: Any) -> list[tuple[str, Any]]:
             run(conn)
         tx.rollback()
     return sent
-
-
-SCAN_GROUPS = 10
 
 
 def test_capped_scan_reads_about_limit_rows_per_group_beside_a_long_backlog(

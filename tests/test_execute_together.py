@@ -277,3 +277,23 @@ def test_a_marked_statement_gives_only_its_own_rows(queue: readyq.Queue) -> None
     assert got is not None
     assert [len(rows) for rows in got] == [0, 1]
     assert (got[1][0].id, got[1][0][1]) == (job, 3)
+
+
+def test_execute_one_gives_a_statements_rows_in_a_transaction(queue: readyq.Queue) -> None:
+    """Inside the caller's transaction it is a plain execute: it sees that transaction's
+    uncommitted write."""
+    job = queue.enqueue("t")
+    with queue.engine.connect() as conn, conn.begin():
+        conn.execute(SET_PRIORITY, {"job": job, "p": 6})
+        (row,) = queue.adapter.execute_one(conn, plan_once(READ_PRIORITY), {"job": job})
+    assert (row.id, row[1]) == (job, 6)
+
+
+def test_execute_one_alone_keeps_one_plan_for_a_marked_statement(queue: readyq.Queue) -> None:
+    """Run alone (autocommit), a ``plan_once`` statement is planned without its values."""
+    needs_plan_cache(queue)
+    with autocommit(queue) as conn:
+        for k in range(8):
+            queue.adapter.execute_one(conn, plan_once(RANGE), {"p": k, "n": k + 1})
+        got = conn.execute(PLANS, {"probe": "%plan_probe%"}).one()
+    assert (got.generic > 0, got.custom) == (True, 0)

@@ -133,6 +133,14 @@ class Adapter:
         results = [conn.execute(stmt, dict(params)) for stmt, params in statements]
         return [list(r) if r.returns_rows else [] for r in results]
 
+    def execute_one(
+        self, conn: Connection, stmt: sa.Executable, params: Mapping[str, Any]
+    ) -> list[Any]:
+        """Run ``stmt`` on ``conn`` (in its transaction, or alone in autocommit); its rows,
+        read by name and by position. A statement marked :func:`plan_once` run alone may
+        get a plan made once (PostgreSQL: as the last of a :meth:`commit_together`)."""
+        return list(conn.execute(stmt, dict(params)))
+
     def commit_together(
         self, conn: Connection, statements: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
     ) -> list[list[Any]] | None:

@@ -58,6 +58,16 @@ class PostgreSQLAdapter(Adapter):
         got = _pipelined(conn, statements) if len(statements) > 1 else None
         return super().execute_together(conn, statements) if got is None else got
 
+    def execute_one(
+        self, conn: Connection, stmt: sa.Executable, params: Mapping[str, Any]
+    ) -> list[Any]:
+        driver: Any = conn.connection.driver_connection
+        if plans_once(stmt) and driver.autocommit:
+            got = self.commit_together(conn, [(stmt, params)])
+            if got is not None:
+                return got[0]
+        return super().execute_one(conn, stmt, params)
+
     def commit_together(
         self, conn: Connection, statements: Sequence[tuple[sa.Executable, Mapping[str, Any]]]
     ) -> list[list[Any]] | None:
