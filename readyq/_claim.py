@@ -1,8 +1,9 @@
 """The claim: READY -> RUNNING for ranked ready jobs, on one connection.
 
-Internal. :func:`claim` runs in the caller's transaction (or alone, where
-:func:`claim_autocommits`); :func:`one_statement` gives the claim's one-statement first pass
-for a finalize to send with its results (``readyq._store.finalize_at_once``). Every
+Internal. :func:`claim` runs in the caller's transaction (or, where
+:func:`claim_autocommits`, :func:`first_pass` alone and :func:`top_up` after it);
+:func:`one_statement` gives the claim's one-statement first pass for a finalize to send
+with its results (``readyq._store.finalize_at_once``). Every
 UPDATE re-checks the ``claim`` transition's source states; times are bound values from
 the caller.
 """
@@ -304,9 +305,35 @@ def _wanted(groups: Sequence[str]) -> dict[str, int]:
     return wanted
 
 
-def claim_autocommits(ad: Adapter, groups: Sequence[str] | None) -> bool:
-    """Whether :func:`claim` is one statement that may run outside a transaction."""
-    return groups is None and ad.claim_in_one_statement and ad.claim_autocommit
+def claim_autocommits(ad: Adapter, groups: Sequence[str] | None, limit: int) -> bool:
+    """Whether the claim's first pass (:func:`first_pass`) is one statement that may run
+    outside a transaction; a ranked claim's second pass then takes one of its own
+    (:func:`top_up`), as after a finalize."""
+    return ad.claim_autocommit and is_one_statement(ad, groups, limit)
+
+
+def first_pass(
+    conn: Connection,
+    ad: Adapter,
+    *,
+    worker_id: str,
+    now: int,
+    ttl_us: int,
+    limit: int,
+    groups: Sequence[str] | None,
+) -> tuple[list[Lease], TopUp | None]:
+    """The claim's one-statement first pass (see :func:`is_one_statement`): its leases in
+    claim order, and what a ranked claim's second pass offers, or None."""
+    stmt, sent = one_statement(
+        ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
+    )
+    return one_statement_leases(
+        ad.execute_one(conn, stmt, sent),
+        worker_id=worker_id,
+        expires_us=now + ttl_us,
+        limit=limit,
+        groups=groups,
+    )
 
 
 def claim(
@@ -323,15 +350,8 @@ def claim(
     if is_one_statement(ad, groups, limit):
         # The same first pass a finalize sends with its results, and its second pass
         # (the same jobs, in the same order, as :func:`_pick`) in this transaction.
-        stmt, sent = one_statement(
-            ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
-        )
-        leases, more = one_statement_leases(
-            ad.execute_one(conn, stmt, sent),
-            worker_id=worker_id,
-            expires_us=now + ttl_us,
-            limit=limit,
-            groups=groups,
+        leases, more = first_pass(
+            conn, ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
         )
         if more is None:
             return leases

@@ -378,11 +378,26 @@ class Queue:
         groups, ttl_us = _claim_args(worker_id, ttl, limit, groups)
         if groups == []:
             return []
+        if _claim.claim_autocommits(self.adapter, groups, limit):
+            # One self-guarding statement that commits by itself; a ranked claim's second
+            # pass, if it has one, in a transaction of its own (as after a finalize).
+            leases, more = self._write(
+                lambda conn, ad, now: _claim.first_pass(
+                    conn,
+                    ad,
+                    worker_id=worker_id,
+                    now=now,
+                    ttl_us=ttl_us,
+                    limit=limit,
+                    groups=groups,
+                ),
+                autocommit=True,
+            )
+            return leases if more is None else leases + self._top_up(more, worker_id, ttl_us)
         return self._write(
             lambda conn, ad, now: _claim.claim(
                 conn, ad, worker_id=worker_id, now=now, ttl_us=ttl_us, limit=limit, groups=groups
-            ),
-            autocommit=_claim.claim_autocommits(self.adapter, groups),
+            )
         )
 
     def heartbeat(self, lease: Lease, *, ttl: float = 30.0) -> int:
