@@ -315,3 +315,37 @@ def test_instructions_counts_a_workers_client_work_per_job(backend: Any) -> None
     # A no-op job through a Worker and SQLite: hundreds of thousands of instructions,
     # not the hundreds of millions of start-up and imports (counted in both, cancelled).
     assert 10_000 < per_job < 5_000_000, per_job
+
+
+_SERVER_LOG = """\
+03:40:01.100 UTC [11] LOG:  duration: 0.300 ms  bind _pg3_1: WITH picked AS MATERIALIZED
+	(SELECT readyq_jobs.id FROM readyq_jobs)
+03:40:01.200 UTC [11] LOG:  duration: 0.100 ms  bind _pg3_1: WITH picked AS MATERIALIZED
+03:40:01.300 UTC [11] LOG:  duration: 0.450 ms  execute _pg3_1: WITH picked AS MATERIALIZED
+03:40:01.400 UTC [12] LOG:  duration: 1.000 ms  statement: COMMIT
+03:40:01.500 UTC [12] LOG:  checkpoint starting: time
+"""
+
+
+def test_serverlog_sums_each_statements_phases_costliest_first() -> None:
+    """Planning (bind) and running (execute) of one statement are kept apart; lines that
+    are not durations are ignored."""
+    from readyq_bench.serverlog import parse
+
+    got = [
+        (line.phase, line.statement, round(line.ms, 6), line.count) for line in parse(_SERVER_LOG)
+    ]
+    assert got == [
+        ("statement", "COMMIT", 1.0, 1),
+        ("execute", "WITH picked AS MATERIALIZED", 0.45, 1),
+        ("bind", "WITH picked AS MATERIALIZED", 0.4, 2),
+    ]
+
+
+def test_serverlog_reports_per_job() -> None:
+    """Microseconds per job and calls per job, from the totals of a drain of N jobs."""
+    from readyq_bench.serverlog import parse, summarize
+
+    table = summarize(parse(_SERVER_LOG), jobs=10)
+    assert table.splitlines()[0].strip() == "185.0 us of logged server time per job"
+    assert "100.0      0.100   1000.0  statement  COMMIT" in table
