@@ -338,6 +338,22 @@ def test_promoting_dependents_reads_about_their_rows_beside_many_finished_jobs(
     assert sum(_sql_rows_read(explained, sql, params) for sql, params in sent) <= BOUND
 
 
+def test_finalize_reads_about_its_rows_beside_running_jobs_statistics_never_saw(
+    explained: readyq.Queue,
+) -> None:
+    """A finalize's update finds its jobs by primary key. With its state re-check as an
+    index condition, statistics from before a burst of claims made the planner walk every
+    running job in the claim index to find ten of them."""
+    with explained.engine.begin() as conn:
+        conn.exec_driver_sql(_EXPLAIN[_server(explained)][2])
+    _ready(explained, FILLER)
+    _analyze(explained)
+    leases = explained.claim("w", limit=FILLER)
+    items = [(lease, "{}") for lease in leases[:LIMIT]]
+    sent = _store._settle_sent(explained.adapter, items, explained.clock.now_us())
+    assert sum(_rows_read(explained, stmt, params) for stmt, params in sent) <= BOUND
+
+
 def test_sweep_reads_about_its_expired_rows_beside_many_finished_jobs(
     explained: readyq.Queue,
 ) -> None:
