@@ -23,7 +23,7 @@ from ._guards import LEASE_CLEARED as _LEASE_CLEARED
 from ._guards import cut as _cut
 from ._guards import guard as _guard
 from ._guards import id_binds, id_values
-from .dialects import Adapter
+from .dialects import Adapter, plan_once
 from .dialects._base import pipeline_allowed
 from .errors import LeaseLost, UnsupportedDatabase
 from .job import TERMINAL, TRANSITIONS, JobState, Lease, Outcome
@@ -117,7 +117,7 @@ def _settle_lock(ad: Adapter, n: int) -> sa.Select[Any]:
     )
     stmt = stmt.order_by(c.id)  # one lock order for every finalizer: no deadlock among them
     locked = ad.lock_terminal(stmt)
-    return ad.lock_update(stmt) if locked is None else locked
+    return plan_once(ad.lock_update(stmt) if locked is None else locked)  # by primary key
 
 
 @functools.lru_cache(maxsize=128)
@@ -163,9 +163,12 @@ def _finalize_and_promote(n: int, unless_boxed: bool = False) -> sa.Select[Any]:
         update = update.where(none_boxed(n))
     fin = update.returning(c.id).cte("fin")
     promo = promote_from(n, sa.select(fin.c.id)).returning(c.id).cte("promo")
-    return sa.select(
-        sa.select(sa.func.count()).select_from(fin).scalar_subquery(),
-        sa.select(sa.func.count()).select_from(promo).scalar_subquery(),
+    # Planned once: the jobs by primary key, their dependents by the edges' index.
+    return plan_once(
+        sa.select(
+            sa.select(sa.func.count()).select_from(fin).scalar_subquery(),
+            sa.select(sa.func.count()).select_from(promo).scalar_subquery(),
+        )
     )
 
 

@@ -186,7 +186,9 @@ def _generic_rows_read(q: readyq.Queue, stmt: Any, params: dict[str, Any]) -> in
         try:
             with conn.begin() as tx:
                 conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
-                conn.exec_driver_sql("PREPARE readyq_generic AS " + compiled.string)
+                # Typed as psycopg types them (an untyped CASE value would be text).
+                typed = ", ".join(_pg_type(v) for v in positional)
+                conn.exec_driver_sql(f"PREPARE readyq_generic ({typed}) AS {compiled.string}")
                 types = conn.exec_driver_sql(_PREPARED_TYPES).scalar_one()
                 # EXECUTE's arguments cannot be bound server-side (a utility statement's
                 # parameters have no type): psycopg's client-side binding quotes them.
@@ -200,6 +202,14 @@ def _generic_rows_read(q: readyq.Queue, stmt: Any, params: dict[str, Any]) -> in
             conn.exec_driver_sql("DEALLOCATE ALL")  # not transactional: gone either way
     assert tuple(plans) == (1, 0), "not the generic plan"
     return _pg_rows(plan[0]["Plan"])
+
+
+def _pg_type(value: Any) -> str:
+    """PREPARE's type for a parameter (``unknown``: inferred from its context)."""
+    for kind, name in ((bool, "boolean"), (int, "bigint"), (float, "float8"), (str, "text")):
+        if isinstance(value, kind):  # bool before int; a str enum (JobState) is text
+            return name
+    return "unknown"
 
 
 _EXPLAIN_GENERIC = "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE readyq_generic"
@@ -245,6 +255,29 @@ def test_claims_planned_once_read_about_limit_rows_when_statistics_predate_the_b
         _ready(queue, FILLER // 3, group=g)
     read = {name: _generic_rows_read(queue, stmt, p) for name, stmt, p in _planned_once(queue)}
     assert all(n <= BOUND for n in read.values()), read
+
+
+def test_finalize_planned_once_reads_about_its_rows_beside_running_jobs(
+    queue: readyq.Queue,
+) -> None:
+    """A finalize's terminal lock and its update + promotion are planned once too: made
+    without their values, they must still find the jobs by primary key (not by walking
+    the running ones) and their dependents by the edges' index."""
+    if _server(queue) != "postgresql":
+        pytest.skip("a PostgreSQL generic plan")
+    with queue.engine.begin() as conn:
+        conn.exec_driver_sql(_EXPLAIN["postgresql"][2])
+    fill_jobs(queue.engine, FILLER, state="done", now=queue.clock.now_us())
+    _ready(queue, 2)
+    _analyze(queue)
+    _ready(queue, FILLER)
+    leases = queue.claim("w", limit=FILLER)
+    items = [(lease, "{}") for lease in leases[:LIMIT]]
+    sent = _store._settle_sent(queue.adapter, items, queue.clock.now_us(), unless_boxed=True)
+    assert len(sent) == 2
+    assert all(plans_once(stmt) for stmt, _ in sent)
+    read = [_generic_rows_read(queue, stmt, params) for stmt, params in sent]
+    assert all(n <= BOUND for n in read), read
 
 
 def test_capped_scan_planned_once_reads_about_limit_rows_per_group(queue: readyq.Queue) -> None:

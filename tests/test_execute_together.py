@@ -297,3 +297,30 @@ def test_execute_one_alone_keeps_one_plan_for_a_marked_statement(queue: readyq.Q
             queue.adapter.execute_one(conn, plan_once(RANGE), {"p": k, "n": k + 1})
         got = conn.execute(PLANS, {"probe": "%plan_probe%"}).one()
     assert (got.generic > 0, got.custom) == (True, 0)
+
+
+def test_every_marked_statement_ending_the_pipeline_keeps_one_plan(queue: readyq.Queue) -> None:
+    """The setting goes before the first of the marked statements that end the pipeline
+    (a finalize's lock, its update and the claim), and reaches all of them."""
+    needs_plan_cache(queue)
+    got = plans_after_runs(
+        queue,
+        lambda k: [
+            (plan_once(RANGE), {"p": k, "n": k + 1}),
+            (plan_once(READ_PRIORITY), {"job": 0}),
+        ],
+    )
+    assert (got.generic > 0, got.custom) == (True, 0)
+
+
+def test_marked_statements_after_an_unmarked_one_give_their_own_rows(queue: readyq.Queue) -> None:
+    """Each statement's rows in its slot, the setting's row in none."""
+    needs_commit_together(queue)
+    job = queue.enqueue("t")
+    read = (plan_once(READ_PRIORITY), {"job": job})
+    with autocommit(queue) as conn:
+        got = queue.adapter.commit_together(
+            conn, [(SET_PRIORITY, {"job": job, "p": 2}), read, read]
+        )
+    assert got is not None
+    assert [[tuple(r) for r in rows] for rows in got] == [[], [(job, 2)], [(job, 2)]]

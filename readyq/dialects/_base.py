@@ -150,9 +150,9 @@ class Adapter:
         the caller runs them in a transaction instead. Only where
         ``commit_together_capable``.
 
-        A last statement marked with :func:`plan_once` may be run with a plan made once
-        for all its values (its transaction ends with it, so a setting made for it does
-        not outlive it).
+        The statements marked with :func:`plan_once` that end the list may be run with
+        plans made once for all their values (the transaction ends with them, so a
+        setting made for them reaches no other statement).
         """
         raise NotImplementedError
 

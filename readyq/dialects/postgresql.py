@@ -77,11 +77,13 @@ class PostgreSQLAdapter(Adapter):
         if not _can_pipeline(conn):
             return None  # before asking its level: an async driver's answer is awaited
         sent = list(statements)
-        generic = bool(sent) and plans_once(sent[-1][0])
-        if generic:
+        first = len(sent)  # of the marked statements that end the pipeline
+        while first and plans_once(sent[first - 1][0]):
+            first -= 1
+        if first < len(sent):
             # Else PostgreSQL plans the claim anew on every execution: 0.3 ms of a 0.7 ms
             # claim (its generic plan, LIMIT unknown, looks costlier than it runs).
-            sent.insert(-1, _GENERIC_PLAN)
+            sent.insert(first, _GENERIC_PLAN)
         if _reads_committed_by_default(conn):
             # No BEGIN or COMMIT: a pipeline's statements up to its one Sync are one
             # implicit transaction at the session's default level, here READ COMMITTED.
@@ -93,8 +95,8 @@ class PostgreSQLAdapter(Adapter):
             # before it waited for a lock.
             got = _pipelined(conn, [_BEGIN, *sent, _COMMIT], can=True)
             got = None if got is None else got[1:-1]
-        if got is not None and generic:
-            del got[-2]  # the setting's row
+        if got is not None and first < len(statements):
+            del got[first]  # the setting's row
         return got
 
     def notify(self, conn: Connection, channel: str) -> None:
@@ -188,7 +190,7 @@ _BEGIN: tuple[sa.Executable, Mapping[str, Any]] = (
 )
 _COMMIT: tuple[sa.Executable, Mapping[str, Any]] = (sa.text("COMMIT"), {})
 #: For the rest of the transaction (``true``: SET LOCAL), plan statements without their
-#: values and keep the plan: the next one is marked ``plan_once`` and is the last.
+#: values and keep the plan: every statement after it is marked ``plan_once``.
 _GENERIC_PLAN: tuple[sa.Executable, Mapping[str, Any]] = (
     sa.select(sa.func.set_config("plan_cache_mode", "force_generic_plan", sa.true())),
     {},
