@@ -238,19 +238,24 @@ def _planned_once(q: readyq.Queue) -> list[tuple[str, Any, dict[str, Any]]]:
     return got
 
 
+def _statistics_of_a_quiet_spell_on_postgresql(q: readyq.Queue) -> None:
+    """Kept statistics (no autovacuum) of thousands of finished jobs and two ready ones."""
+    if _server(q) != "postgresql":
+        pytest.skip("a PostgreSQL generic plan")
+    with q.engine.begin() as conn:
+        conn.exec_driver_sql(_EXPLAIN["postgresql"][2])
+    fill_jobs(q.engine, FILLER, state="done", now=q.clock.now_us())
+    _ready(q, 2)
+    _analyze(q)
+
+
 def test_claims_planned_once_read_about_limit_rows_when_statistics_predate_the_backlog(
     queue: readyq.Queue,
 ) -> None:
     """PostgreSQL keeps one plan for the claims marked ``plan_once``: made without their
     values (how many jobs, which groups), it must still walk the claim's index in order
     and update the picked rows by primary key, even on the statistics of a quiet spell."""
-    if _server(queue) != "postgresql":
-        pytest.skip("a PostgreSQL generic plan")
-    with queue.engine.begin() as conn:
-        conn.exec_driver_sql(_EXPLAIN["postgresql"][2])
-    fill_jobs(queue.engine, FILLER, state="done", now=queue.clock.now_us())
-    _ready(queue, 2)
-    _analyze(queue)
+    _statistics_of_a_quiet_spell_on_postgresql(queue)
     for g in ("mine", "also", "others"):
         _ready(queue, FILLER // 3, group=g)
     read = {name: _generic_rows_read(queue, stmt, p) for name, stmt, p in _planned_once(queue)}
@@ -263,13 +268,7 @@ def test_finalize_planned_once_reads_about_its_rows_beside_running_jobs(
     """A finalize's terminal lock and its update + promotion are planned once too: made
     without their values, they must still find the jobs by primary key (not by walking
     the running ones) and their dependents by the edges' index."""
-    if _server(queue) != "postgresql":
-        pytest.skip("a PostgreSQL generic plan")
-    with queue.engine.begin() as conn:
-        conn.exec_driver_sql(_EXPLAIN["postgresql"][2])
-    fill_jobs(queue.engine, FILLER, state="done", now=queue.clock.now_us())
-    _ready(queue, 2)
-    _analyze(queue)
+    _statistics_of_a_quiet_spell_on_postgresql(queue)
     _ready(queue, FILLER)
     leases = queue.claim("w", limit=FILLER)
     items = [(lease, "{}") for lease in leases[:LIMIT]]
