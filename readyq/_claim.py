@@ -220,7 +220,7 @@ def _claim_windows(ad: Adapter, arms: int) -> Any:
 def _claim_ranked(
     ad: Adapter, guard: Callable[[str], sa.ColumnElement[bool]], unless_boxed: int = 0
 ) -> Any:
-    """The grouped claim as one statement: each ranked group ``(g, n, ord)`` joins
+    """The grouped claim as one statement: each ranked group ``(g, n)`` joins
     LATERAL its first ``n`` ready rows (locked, skipping rows locked by others), and the
     UPDATE leases them all (their groups put the leases in ranked order).
 
