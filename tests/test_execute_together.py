@@ -324,3 +324,61 @@ def test_marked_statements_after_an_unmarked_one_give_their_own_rows(queue: read
         )
     assert got is not None
     assert [[tuple(r) for r in rows] for rows in got] == [[], [(job, 2)], [(job, 2)]]
+
+
+PREPARED = sa.text(
+    "SELECT count(*) FROM pg_prepared_statements WHERE NOT from_sql AND statement LIKE :probe"
+)
+
+
+def prepared_after_one_run(conn: Any, q: readyq.Queue, stmt: Any) -> int:
+    """Statements this session holds prepared for ``RANGE`` after one pipeline of ``stmt``."""
+    q.adapter.commit_together(conn, [(stmt, {"p": 0, "n": 1})])
+    return int(conn.execute(PREPARED, {"probe": "%plan_probe%"}).scalar())
+
+
+def test_a_marked_statement_ending_the_pipeline_is_prepared_on_its_first_run(
+    queue: readyq.Queue,
+) -> None:
+    """Its kept plan serves from the first run, not the sixth (psycopg's threshold)."""
+    needs_plan_cache(queue)
+    with autocommit(queue) as conn:
+        assert prepared_after_one_run(conn, queue, plan_once(RANGE)) == 1
+
+
+def test_a_marked_statement_is_prepared_on_its_first_run_in_an_explicit_transaction(
+    queue: readyq.Queue,
+) -> None:
+    """The same where the pipeline says BEGIN and COMMIT (a session default other than
+    READ COMMITTED): the BEGIN does not shift which statement is prepared."""
+    needs_plan_cache(queue)
+    with autocommit(queue) as conn:
+        conn.connection.info["readyq_default_isolation"] = "repeatable read"
+        try:
+            assert prepared_after_one_run(conn, queue, plan_once(RANGE)) == 1
+        finally:
+            del conn.connection.info["readyq_default_isolation"]
+
+
+def test_an_unmarked_statement_waits_for_the_drivers_threshold_to_be_prepared(
+    queue: readyq.Queue,
+) -> None:
+    """Only the statements the plan setting covers are prepared at once."""
+    needs_plan_cache(queue)
+    with autocommit(queue) as conn:
+        assert prepared_after_one_run(conn, queue, RANGE) == 0
+
+
+def test_a_connection_with_preparing_turned_off_prepares_no_marked_statement(
+    queue: readyq.Queue,
+) -> None:
+    """``prepare_threshold = None`` (a pool such as PgBouncer that cannot keep prepared
+    statements) is obeyed: the marked statement still runs, unprepared."""
+    needs_plan_cache(queue)
+    with autocommit(queue) as conn:
+        driver = conn.connection.driver_connection
+        threshold, driver.prepare_threshold = driver.prepare_threshold, None
+        try:
+            assert prepared_after_one_run(conn, queue, plan_once(RANGE)) == 0
+        finally:
+            driver.prepare_threshold = threshold
