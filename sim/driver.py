@@ -280,7 +280,7 @@ class ActorCtx:
             self.sleep(held)  # others run meanwhile; this transaction's locks stay held
         self._yield("stmt")
         if not self.txn_killed:
-            self.commit_step = self.driver.step
+            self.commit_step = self.driver.commit_position()
         elif self.driver.kind == "sqlite":
             conn.connection.dbapi_connection.close()  # type: ignore[union-attr]  # COMMIT fails
         self.driver.record(self.name, "COMMIT")
@@ -335,6 +335,23 @@ class Driver:
         self.admin = _admin_engine(url)
         #: PostgreSQL: the admin connection that checks whom a slow statement waits for.
         self._watch: Connection | None = None
+
+    # -- positions of commits ----------------------------------------------------------
+
+    def commit_position(self) -> int:
+        """The position of a transaction whose COMMIT is about to be sent: its locks are
+        taken and its reads done. Here the baton makes the step exact."""
+        return self.step
+
+    def pipeline_sent(self, ctx: ActorCtx) -> int:
+        """The position of a pipeline that commits by itself, about to be sent (one
+        scheduling step here: nothing else runs until it is back)."""
+        return self.step
+
+    def pipeline_back(self, ctx: ActorCtx, at: int) -> int:
+        """That pipeline's position once it is back or failed (``at``: from
+        :meth:`pipeline_sent`); called exactly once after it."""
+        return at
 
     # -- digest -----------------------------------------------------------------------
 
@@ -600,6 +617,8 @@ class _Pipelines:
 
     def __init__(self, ctx: ActorCtx) -> None:
         self.ctx = ctx
+        #: Between :meth:`Driver.pipeline_sent` and :meth:`Driver.pipeline_back`.
+        self.in_flight = False
 
     def before(
         self, conn: Connection, statements: Sequence[str], params: Sequence[Mapping[str, Any]]
@@ -622,10 +641,18 @@ class _Pipelines:
                 ctx.driver.kill(ctx, conn)  # the pipeline meets a dead session: no commit
             ctx.driver.record(ctx.name, "DROP", "before pipelined commit")
             return
-        ctx.commit_step = ctx.driver.step  # stress mode: just before the COMMIT is sent
-        ctx.committed_in_pipeline = True
+        ctx.commit_step = ctx.driver.pipeline_sent(ctx)
+        ctx.committed_in_pipeline = self.in_flight = True
+
+    def _back(self) -> None:
+        if self.in_flight:  # first, whatever else happened: the position is settled here
+            self.in_flight = False
+            ctx = self.ctx
+            assert ctx.commit_step is not None
+            ctx.commit_step = ctx.driver.pipeline_back(ctx, ctx.commit_step)
 
     def after(self, conn: Connection, statements: Sequence[str], rowcounts: list[int]) -> None:
+        self._back()
         ctx = self.ctx
         if ctx.crashed:
             return
@@ -637,6 +664,7 @@ class _Pipelines:
             ctx._after(conn, sql)  # its transaction is still open: it may hang here
 
     def failed(self, conn: Connection, statements: Sequence[str], exc: BaseException) -> None:
+        self._back()
         if not self.ctx.crashed:
             self.ctx.driver.failed(self.ctx, ";\n".join(statements), None, exc)
 

@@ -23,7 +23,8 @@ by the parent once every child has started (the monotonic clock is system-wide).
 
 The history has the same format. Positions come from one shared counter (``Driver.step``
 reads and increments it): an event's ``step`` is taken when it is logged, an operation's
-``commit_step`` just before its COMMIT is sent. Two writes that conflict on a row are
+``commit_step`` just before its COMMIT is sent (for a pipeline that commits on the server,
+PostgreSQL's, see :class:`CommitOrder`). Two writes that conflict on a row are
 serialized by the row lock (or SQLite's single writer), which the second one only gets
 after the first has committed, so commit positions order every pair of conflicting
 transactions as the database did; the checkers replay in that order unchanged. The argument
@@ -70,6 +71,10 @@ MODES = ("thread", "process")
 
 #: Seconds a blocked statement may wait for a lock before it fails (and is retried).
 LOCK_WAIT_S = 10
+
+#: Wall seconds a COMMIT waits for a pipeline in flight before it takes its position anyway
+#: (:class:`CommitOrder`): long past any round trip, short beside a lease's TTL.
+ORDER_WAIT_S = 0.5
 
 
 class ScaledClock(VirtualClock):
@@ -141,6 +146,33 @@ class SharedCounter:
         return self
 
 
+@dataclass
+class CommitOrder:
+    """Positions for transactions that commit inside a pipeline (PostgreSQL, autocommit).
+
+    Such a pipeline's reads, locks and commit all happen on the server after it is sent,
+    with no client moment between them: a position taken before sending can come before
+    that of a transaction it then saw commit (a child claimed "before" its parent's
+    finalize), and one taken after the results can come after a transaction that saw it.
+    So a pipeline holds ``lock`` from its position until its results are back, and a
+    COMMIT takes its position under the same lock: no position is taken while a
+    pipeline is in flight, and the pipeline is atomic in the order.
+
+    One wait breaks that: a pipeline blocked on a row lock of a transaction that waits to
+    take its COMMIT position. That COMMIT gives up after :data:`ORDER_WAIT_S`, takes a
+    position and counts itself in ``passed``; the pipeline it passed, which can only have
+    been waiting for it (nothing else holds a lock that long), then takes its own
+    position again once back, after the COMMIT's. Shared by processes in process mode.
+    """
+
+    lock: Any  # a multiprocessing Lock
+    passed: Synchronized[int]
+
+    @classmethod
+    def make(cls, mp: Any = multiprocessing) -> CommitOrder:
+        return cls(mp.Lock(), mp.Value("q", 0))
+
+
 class StressDriver(Driver):
     """Spawns free-running actors; ``step`` is a shared, strictly increasing position."""
 
@@ -151,11 +183,39 @@ class StressDriver(Driver):
         *,
         watchdog: float = 60.0,
         counter: Iterator[int] | None = None,
+        order: CommitOrder | None = None,
     ) -> None:
         self._counter = itertools.count(1) if counter is None else counter
         super().__init__(url, clock, Random(0), watchdog=watchdog)  # noqa: S311 -- unused
         self.speed = clock.speed
         self.stop_event = threading.Event()
+        self.order = CommitOrder.make() if order is None else order
+        #: Per actor in flight: ``order.passed`` when its pipeline was sent.
+        self._passed_at: dict[str, int] = {}
+
+    def commit_position(self) -> int:
+        held = self.order.lock.acquire(timeout=ORDER_WAIT_S)
+        try:
+            if not held:
+                with self.order.passed.get_lock():
+                    self.order.passed.value += 1
+            return self.step
+        finally:
+            if held:
+                self.order.lock.release()
+
+    def pipeline_sent(self, ctx: ActorCtx) -> int:
+        if not self.order.lock.acquire(timeout=self.watchdog):
+            raise RuntimeError(f"{ctx.name}: a pipeline held the commit order {self.watchdog}s")
+        self._passed_at[ctx.name] = self.order.passed.value
+        return self.step
+
+    def pipeline_back(self, ctx: ActorCtx, at: int) -> int:
+        try:
+            passed = self.order.passed.value != self._passed_at.pop(ctx.name)
+            return self.step if passed else at
+        finally:
+            self.order.lock.release()
 
     @property
     def step(self) -> int:
@@ -299,6 +359,7 @@ class _Signals:
     """What the parent and its children share (made from one spawn context)."""
 
     counter: Synchronized[int]
+    order: CommitOrder
     t0: Synchronized[float]
     ready: Any  # multiprocessing.Semaphore: one release per child that has started
     go: Any  # multiprocessing.Event: t0 is set, start
@@ -348,7 +409,9 @@ def _child(spec: _ChildSpec, sig: _Signals, out: Connection) -> None:
         cfg = spec.cfg
         clock = ScaledClock(spec.speed, t0=sig.t0.value)
         counter = SharedCounter(sig.counter)
-        driver = StressDriver(spec.url, clock, watchdog=max(60.0, cfg.watchdog), counter=counter)
+        driver = StressDriver(
+            spec.url, clock, watchdog=max(60.0, cfg.watchdog), counter=counter, order=sig.order
+        )
         world = World(cfg, clock, Streams(cfg.seed), driver, hooks)
         _spawn_actor(world, driver, spec.name)
         while not sig.stop.wait(0.02):
@@ -378,6 +441,7 @@ class _Processes:
         mp = multiprocessing.get_context("spawn")
         self.sig = _Signals(
             counter=mp.Value("q", 0),
+            order=CommitOrder.make(mp),
             t0=mp.Value("d", 0.0),
             ready=mp.Semaphore(0),
             go=mp.Event(),
@@ -438,7 +502,7 @@ class _Processes:
         clock = ScaledClock(self.speed, t0=sig.t0.value)
         start_us = clock.now_us()
         sig.go.set()
-        driver = StressDriver(self.url, clock, counter=SharedCounter(sig.counter))
+        driver = StressDriver(self.url, clock, counter=SharedCounter(sig.counter), order=sig.order)
         world = World(cfg, clock, Streams(cfg.seed), driver, Hooks())
         phases = {"faults": self.wait(clock, seconds)}
         sig.heal.set()
