@@ -286,7 +286,7 @@ def _top_up_rows(conn: Connection, ad: Adapter, more: TopUp, params: dict[str, A
         n = more.slots - len(rows)
         if n <= 0:
             break
-        got = conn.execute(_claim_ranked(ad, _guard), _ranked_params(params, {g: n}))
+        got = ad.execute_one(conn, _claim_ranked(ad, _guard), _ranked_params(params, {g: n}))
         rows += sorted(got, key=_CLAIM_ORDER)
     return rows
 
@@ -426,7 +426,8 @@ def top_up(
 ) -> list[Lease]:
     """A ranked claim's second pass, in :func:`claim`'s transaction or, after
     ``readyq._store.finalize_at_once``, in one of its own (a rerun after a conflict must
-    not keep the leases of a first try)."""
+    not keep the leases of a first try); in autocommit, where the claim may commit by
+    itself (:func:`claim_autocommits`), for one group at a time."""
     params = _claim_params(worker_id, now, ttl_us, more.slots)
     return _leases(_top_up_rows(conn, ad, more, params), worker_id, now + ttl_us)
 

@@ -380,7 +380,7 @@ class Queue:
             return []
         if _claim.claim_autocommits(self.adapter, groups, limit):
             # One self-guarding statement that commits by itself; a ranked claim's second
-            # pass, if it has one, in a transaction of its own (as after a finalize).
+            # pass, if it has one, after it (as after a finalize: :meth:`_top_up`).
             leases, more = self._write(
                 lambda conn, ad, now: _claim.first_pass(
                     conn,
@@ -476,18 +476,40 @@ class Queue:
 
     def _top_up(self, more: _claim.TopUp, worker_id: str, ttl_us: int) -> list[Lease]:
         """The second pass of a ranked claim that committed with its finalize: slots the
-        first left free, offered to the groups that were full. Its own claims: if it
-        fails, the results and the leases already taken stand, and the error is logged
-        (raising would strand those leases until their TTL)."""
+        first left free, offered to the groups that were full, in ranked order. Its own
+        claims: if it fails, the results and the leases already taken stand, and the error
+        is logged (raising would strand those leases until their TTL).
+
+        Where a claim may commit by itself, each group's claim does: one round trip with
+        its kept plan, where a transaction of its own cost BEGIN, a plan and COMMIT. The
+        leases of the groups before a failed one stand too."""
+        if not _claim.claim_autocommits(self.adapter, more.groups[:1], more.slots):
+            return self._top_up_part(more, worker_id, ttl_us, autocommit=False) or []
+        leases: list[Lease] = []
+        for group in more.groups:
+            left = more.slots - len(leases)
+            if left <= 0:
+                break
+            got = self._top_up_part(_claim.TopUp([group], left), worker_id, ttl_us, autocommit=True)
+            if got is None:
+                break
+            leases += got
+        return leases
+
+    def _top_up_part(
+        self, more: _claim.TopUp, worker_id: str, ttl_us: int, *, autocommit: bool
+    ) -> list[Lease] | None:
+        """:func:`_claim.top_up` in a write of its own; None (logged) if it failed."""
         try:
             return self._write(
                 lambda conn, ad, now: _claim.top_up(
                     conn, ad, more, worker_id=worker_id, now=now, ttl_us=ttl_us
-                )
+                ),
+                autocommit=autocommit,
             )
         except sa.exc.DBAPIError as exc:
             log.warning("claim top-up failed, %d slots left free this round: %r", more.slots, exc)
-            return []
+            return None
 
     def _settle(
         self,

@@ -264,6 +264,47 @@ class TestFinalizeAndClaim:
         assert q.get(nxt[0].job_id).state == JobState.RUNNING
         assert "top-up failed" in caplog.text
 
+    def test_a_top_up_claims_each_group_in_a_round_trip_of_its_own(self, q: readyq.Queue) -> None:
+        """Where a claim commits by itself, so does each group's second-pass claim: one
+        pipeline each, with no transaction around them."""
+        if not _claim.claim_autocommits(q.adapter, ["a"], 1):
+            pytest.skip("needs claim_autocommit and grouped_claim_in_one_statement")
+        (lease,) = leased(q, 1)
+        for group in "aac":
+            q.enqueue("t", group=group)
+        seen = Recorder()
+        with readyq.Queue(q.engine.execution_options(readyq_pipeline_observer=seen)) as obs:
+            _, nxt = obs.finalize_and_claim([(lease, None)], "w", limit=4, groups=["b", "a", "c"])
+        assert [x.group for x in nxt] == ["a", "c", "a"]
+        assert len(seen.statements) == 3, seen.statements  # the finalize's, a's, then c's
+        assert all("SKIP LOCKED" in sql[-1] for sql in seen.statements[1:])
+
+    def test_a_top_up_failing_at_its_second_group_keeps_the_first_groups_leases(
+        self, q: readyq.Queue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Each group's claim committed by itself: the one that failed took nothing, the
+        ones before it are leased and returned, and the error is logged."""
+        if not _claim.claim_autocommits(q.adapter, ["a"], 1):
+            pytest.skip("needs claim_autocommit and grouped_claim_in_one_statement")
+        (lease,) = leased(q, 1)
+        for group in "aacc":
+            q.enqueue("t", group=group)
+        real, calls = _claim.top_up, []
+
+        def second_cut(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args[2].groups)
+            if len(calls) == 2:
+                raise sa.exc.OperationalError("UPDATE", {}, ConnectionError("connection cut"))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_claim, "top_up", second_cut)
+        _, nxt = q.finalize_and_claim([(lease, None)], "w", limit=4, groups=["b", "a", "c"])
+        assert calls == [["a"], ["c"]]
+        assert [x.group for x in nxt] == ["a", "c", "a"]
+        assert [q.get(x.job_id).state for x in nxt] == [JobState.RUNNING] * 3
+        assert q.counts()[JobState.READY] == 1  # c's second job: its claim failed
+        assert "top-up failed" in caplog.text
+
     def test_ranked_claim_after_the_last_child_of_a_container_rolls_it_up(
         self, q: readyq.Queue
     ) -> None:
