@@ -78,7 +78,7 @@ def summarize(lines: Iterable[Line], jobs: int, top: int = 16) -> str:
     return "\n".join(out)
 
 
-def _drain(url: str, runner: str, worker_id: str) -> None:
+def _drain(url: str, runner: str, worker_id: str, scan_max_age: float | None) -> None:
     q = readyq.Queue(url)
     try:
         if runner == "raw":
@@ -91,6 +91,7 @@ def _drain(url: str, runner: str, worker_id: str) -> None:
                 limits=[readyq.Concurrency(10)],
                 executor=runner,
                 poll_interval=0.005,
+                **({} if scan_max_age is None else {"scan_max_age": scan_max_age}),
             ).run(until_idle=True)
     finally:
         q.close()
@@ -110,15 +111,21 @@ def _set_logging(url: str, on: bool) -> None:
         engine.dispose()
 
 
-def measure(url: str, log: Path, runner: str, jobs: int, procs: int) -> list[Line]:
+def measure(
+    url: str, log: Path, runner: str, jobs: int, procs: int, *, scan_max_age: float | None = None
+) -> list[Line]:
     """Drain ``jobs`` no-op jobs with ``procs`` processes of ``runner`` at ``url`` (a
-    bench database) and parse what the drain added to ``log``."""
+    bench database; Workers with ``scan_max_age``, None: the default) and parse what the
+    drain added to ``log``."""
     db.refill_noops(url, jobs, groups=10)
     _set_logging(url, True)  # new sessions of this database only
     start = log.stat().st_size
     try:
         ctx = multiprocessing.get_context("spawn")
-        children = [ctx.Process(target=_drain, args=(url, runner, f"w{i}")) for i in range(procs)]
+        children = [
+            ctx.Process(target=_drain, args=(url, runner, f"w{i}", scan_max_age))
+            for i in range(procs)
+        ]
         for child in children:
             child.start()
         for child in children:
@@ -137,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=3000, help="jobs per drain (default 3000)")
     p.add_argument("--procs", type=int, default=1, help="draining processes (default 1)")
     p.add_argument("--runners", default="raw,inline", help="among raw,inline,thread")
+    p.add_argument(
+        "--scan-max-age", type=float, help="the Workers' scan_max_age (default: the Worker's)"
+    )
     args = p.parse_args(argv)
     runners = [r for r in args.runners.split(",") if r]
     if not runners or any(r not in RUNNERS for r in runners) or args.jobs < 1 or args.procs < 1:
@@ -149,7 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         with readyq.Queue(url) as q:
             q.install()
         for runner in runners:
-            lines = measure(url, args.log, runner, args.jobs, args.procs)
+            lines = measure(
+                url, args.log, runner, args.jobs, args.procs, scan_max_age=args.scan_max_age
+            )
             print(f"{runner} x{args.procs}, {args.jobs} jobs:")
             print(summarize(lines, args.jobs))
 

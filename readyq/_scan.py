@@ -52,9 +52,11 @@ class RecentScan:
 
     A scan costs a round trip and, on PostgreSQL, a plan: a quarter of a tick of ten
     no-op jobs (docs/benchmarks.md, session 11). What a reuse cannot know is what *other*
-    workers did since, and jobs that became ready since: so it is only offered while
-    the view still shows a ready job, and the Worker forgets it (:meth:`forget`) whenever a
-    claim came back short of its ranking or a sweep made jobs ready again.
+    workers did since, and jobs that became ready since (both at most ``max_age`` old):
+    so it is only offered while the view still shows a ready job, a group whose claim
+    came back short of its ranking shows none until the next scan (:meth:`ran_out`: no
+    unlocked ready row was left), and the Worker forgets the scan (:meth:`forget`)
+    when a sweep made jobs ready again or a claim failed.
 
     Bookkeeping: ``running`` is the scan's count plus this worker's claims since, minus
     its runs that ended since (each ended run was counted once: in the scan, or by
@@ -71,6 +73,7 @@ class RecentScan:
     _at: float = 0.0
     _claimed: dict[str, int] = field(default_factory=dict)
     _ended: dict[str, int] = field(default_factory=dict)
+    _out: set[str] = field(default_factory=set)
 
     def view(self, free: int, now: float) -> list[GroupStats] | None:
         """The last scan as it stands now, or None when a fresh scan is due."""
@@ -79,7 +82,12 @@ class RecentScan:
         out = []
         for s in self._stats:
             taken = self._claimed.get(s.group, 0)
-            ready = s.ready if s.ready >= self._cap else max(0, s.ready - taken)
+            if s.group in self._out:
+                ready = 0
+            elif s.ready >= self._cap:
+                ready = s.ready
+            else:
+                ready = max(0, s.ready - taken)
             running = max(0, s.running + taken - self._ended.get(s.group, 0))
             out.append(GroupStats(s.group, ready, running, s.weight))
         return out if any(s.ready for s in out) else None
@@ -89,6 +97,7 @@ class RecentScan:
         self._stats, self._cap, self._at = stats, cap, now
         self._claimed.clear()
         self._ended.clear()
+        self._out.clear()
 
     def claimed(self, group: str) -> None:
         if self._stats is not None:
@@ -97,6 +106,13 @@ class RecentScan:
     def ended(self, group: str) -> None:
         if self._stats is not None:
             self._ended[group] = self._ended.get(group, 0) + 1
+
+    def ran_out(self, group: str) -> None:
+        """A claim found fewer of ``group``'s ready jobs than the view showed: other
+        workers took the rest (or the view was reused). Until the next scan it shows
+        none; the other groups' counts stay good."""
+        if self._stats is not None:
+            self._out.add(group)
 
     def forget(self) -> None:
         self._stats = None

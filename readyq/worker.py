@@ -219,10 +219,15 @@ class Worker:
         asked: dict[str, int] = {}
         for g in ranking:
             asked[g] = asked.get(g, 0) + 1
-        if any(claimed.get(g, 0) < n for g, n in asked.items()):
+        short = [g for g, n in asked.items() if claimed.get(g, 0) < n]
+        if short:
             # A ranked group had fewer ready jobs than the scan showed (another worker
             # took them, or the scan was reused): the next tick must not rank it again.
-            self._forget_scan()
+            # Only that group: forgetting the whole scan made each group that ran dry
+            # cost every worker a scan (a third of an x8 drain's scans: benchmarks.md).
+            with self._lock:
+                for g in short:
+                    self._recent.ran_out(g)
         dispatched = self.dispatch(leases)
         return TickReport(reclaimed, claimed, dispatched, finished + done, lost + gone)
 

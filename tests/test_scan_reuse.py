@@ -89,6 +89,23 @@ class TestRecentScan:
         recent.claimed("b")
         assert recent.view(4, 0.0) is None
 
+    def test_a_group_that_ran_out_shows_no_ready_job_until_the_next_scan(self) -> None:
+        recent = self.fresh()
+        recent.ran_out("a")
+        assert recent.view(4, 10.0) == [GroupStats("a", 0, 1, 1.0), GroupStats("b", 2, 0, 2.0)]
+
+    def test_a_fresh_scan_shows_a_group_that_ran_out_again(self) -> None:
+        recent = self.fresh()
+        recent.ran_out("a")
+        recent.took(list(STATS), cap=4, now=11.0)
+        assert recent.view(4, 11.0) == STATS
+
+    def test_a_view_whose_groups_all_ran_out_is_not_offered(self) -> None:
+        recent = self.fresh()
+        recent.ran_out("a")
+        recent.ran_out("b")
+        assert recent.view(4, 10.0) is None
+
     def test_a_forgotten_scan_is_not_offered(self) -> None:
         recent = self.fresh()
         recent.forget()
@@ -153,20 +170,37 @@ class TestWorkerReusesItsScan:
         after = w.tick().claimed
         assert (before, after) == ({"a": 2}, {"a": 1, "b": 1})
 
-    def test_a_claim_that_comes_back_short_makes_the_next_tick_scan(
+    def test_a_group_whose_claim_comes_back_short_is_not_ranked_again_until_a_scan(
         self, q: readyq.Queue, clock: Any
     ) -> None:
-        """Another worker took a ranked group's jobs: the stale view is dropped at once."""
-        self.backlog(q, groups="ab", each=3)
-        w = Worker(q, {"ok": ok}, limits=[Concurrency(2)], scan_max_age=3600)
+        """Another worker took a ranked group's jobs: the next tick, reusing the scan,
+        gives every slot to the groups that still have some."""
+        self.backlog(q, groups="abc", each=4)
+        w = Worker(q, {"ok": ok}, limits=[Concurrency(3)], scan_max_age=3600)
         scans = count_scans(w)
-        w.tick()  # a and b, one each; the view now shows two more of each
+        w.tick()  # a, b and c, one each; the view now shows three more of each
         settle(w)
         taken = q.claim("other", ttl=60, limit=5, groups=["b"] * 5)
-        short = w.tick()  # ranks a and b; b has none left, the second pass gives a two
+        short = w.tick()  # ranks a, b and c; b has none left, the second pass fills
         settle(w)
-        w.tick()
-        assert (len(taken), short.claimed, len(scans)) == (2, {"a": 2}, 2)
+        after = w.tick().claimed
+        assert (len(taken), "b" in short.claimed, len(scans)) == (3, False, 1)
+        assert (sum(after.values()), "b" in after) == (3, False), after
+
+    def test_a_claim_that_empties_the_last_ranked_group_makes_the_next_tick_scan(
+        self, q: readyq.Queue, clock: Any
+    ) -> None:
+        """Once every group of the view ran out, only a fresh scan can show new work."""
+        self.backlog(q, groups="a", each=3)
+        w = Worker(q, {"ok": ok}, limits=[Concurrency(2)], scan_max_age=3600)
+        scans = count_scans(w)
+        w.tick()  # two of a's three; the view keeps a at the cap
+        settle(w)
+        w.tick()  # asks two, gets the last one: a ran out
+        settle(w)
+        q.enqueue("ok", group="b")
+        found = w.tick().claimed
+        assert (found, len(scans)) == ({"b": 1}, 2)
 
     def test_an_empty_scan_is_not_reused(self, q: readyq.Queue, clock: Any) -> None:
         """A job enqueued after a scan that found nothing is claimed by the next tick."""
