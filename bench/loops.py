@@ -209,17 +209,16 @@ def _time_window(worker: readyq.Worker, window: dict[str, float], done: list[int
             window["last"] = now
             done[0] += finished
 
-    def counting(real: Callable[[], Any]) -> Callable[[], Any]:
-        def call() -> Any:
-            got = real()
-            noted(got[0], time.time())
-            return got
+    settle = worker.collect
 
-        return call
+    def collect() -> Any:
+        got = settle()
+        noted(got[0], time.time())
+        return got
 
     # The instance's attributes: tick() and run() look the stages up on the instance.
     worker.persist_and_lease = persist_and_lease  # type: ignore[method-assign]
-    worker.collect = counting(worker.collect)  # type: ignore[method-assign]
+    worker.collect = collect  # type: ignore[method-assign]
 
 
 #: The Worker's tick stages :func:`worker_stages` times (readyq/worker.py's tick).

@@ -91,7 +91,7 @@ def _drain(url: str, runner: str, worker_id: str, scan_max_age: float | None) ->
                 limits=[readyq.Concurrency(10)],
                 executor=runner,
                 poll_interval=0.005,
-                **({} if scan_max_age is None else {"scan_max_age": scan_max_age}),
+                **loops._scan_option(scan_max_age),
             ).run(until_idle=True)
     finally:
         q.close()
