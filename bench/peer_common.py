@@ -11,6 +11,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 #: A peer's worker in one process: ``run(seen, ready)`` calls ``ready()`` once it is
@@ -27,19 +28,37 @@ def mark(seen: dict[str, float]) -> None:
     seen["last"] = now
 
 
+def finished(seen: dict[str, float]) -> None:
+    """Note that the peer's worker returned with every completion it buffered committed
+    (PGQueuer writes them in batches, after the handlers ran)."""
+    seen["end"] = time.time()
+
+
 def fresh() -> dict[str, float]:
-    return {"n": 0, "first": 0.0, "last": 0.0}
+    return {"n": 0, "first": 0.0, "last": 0.0, "end": 0.0}
 
 
 def _child(run: Run, barrier: Any, out: Any) -> None:
     seen = fresh()
     run(seen, lambda: barrier.wait(120))
+    if not seen["end"]:
+        finished(seen)  # a peer that did not say: when it returned
     out.put(seen)
 
 
-def drain_rate(run: Run, procs: int, jobs: int) -> float:
-    """jobs/s of ``procs`` processes each running ``run`` (picklable) until the queue is
-    empty, from the first job started to the last; every job must have run once."""
+@dataclass(frozen=True)
+class Drain:
+    """One drain's jobs/s from the first job started: to the last job started
+    (``rate``), and to the last worker's completions committed (``committed``: the
+    window ``readyq bench`` gives a Worker, first claim to last finalize)."""
+
+    rate: float
+    committed: float
+
+
+def drain_rate(run: Run, procs: int, jobs: int) -> Drain:
+    """The drain of ``procs`` processes each running ``run`` (picklable) until the queue
+    is empty; every job must have run once."""
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(procs), ctx.Queue()
     workers = [ctx.Process(target=_child, args=(run, barrier, out)) for _ in range(procs)]
@@ -52,7 +71,9 @@ def drain_rate(run: Run, procs: int, jobs: int) -> float:
     if done != jobs:
         raise SystemExit(f"the peer ran {done} of {jobs} jobs")
     first = min(s["first"] for s in seen if s["n"])
-    return done / (max(s["last"] for s in seen) - first)
+    return Drain(
+        done / (max(s["last"] for s in seen) - first), done / (max(s["end"] for s in seen) - first)
+    )
 
 
 def parser(doc: str, jobs: int) -> argparse.ArgumentParser:
@@ -67,17 +88,21 @@ def parser(doc: str, jobs: int) -> argparse.ArgumentParser:
 
 def measure(label: str, args: argparse.Namespace, fill: Callable[[], None], run: Run) -> None:
     """For each ``--procs`` count: ``fill()`` then a drain, once to warm up and
-    ``--repeat`` times measured; prints the median, min and max jobs/s."""
+    ``--repeat`` times measured; prints the median, min and max jobs/s of both windows
+    (:class:`Drain`)."""
     for procs in [int(x) for x in args.procs.split(",")]:
-        rates = []
+        got = []
         for _ in range(args.repeat + 1):  # the first is a warm-up
             fill()
-            rates.append(drain_rate(run, procs, args.jobs))
-        rates = rates[1:]
+            got.append(drain_rate(run, procs, args.jobs))
+        rates = [d.rate for d in got[1:]]
+        committed = [d.committed for d in got[1:]]
         print(
             f"{label} x{procs} processes, {args.jobs} jobs: median "
             f"{statistics.median(rates):,.0f} jobs/s (min {min(rates):,.0f}, "
-            f"max {max(rates):,.0f})",
+            f"max {max(rates):,.0f}); to the last completion committed: median "
+            f"{statistics.median(committed):,.0f} (min {min(committed):,.0f}, "
+            f"max {max(committed):,.0f})",
             flush=True,
         )
 

@@ -22,7 +22,8 @@ import functools
 import uuid
 from typing import Any
 
-from peer_common import admin_database, fresh, mark, measure, parser  # bench/ is sys.path[0]
+# bench/ is sys.path[0]
+from peer_common import admin_database, finished, fresh, mark, measure, parser
 
 try:
     import procrastinate
@@ -46,6 +47,7 @@ async def _drain(dsn: str, concurrency: int, seen: dict[str, float], ready: Any)
     async with app.open_async():
         ready()
         await app.run_worker_async(concurrency=concurrency, wait=False, listen_notify=False)
+        finished(seen)
 
 
 def _run(dsn: str, concurrency: int, seen: dict[str, float], ready: Any) -> None:
