@@ -84,7 +84,7 @@ class Worker:
         group_caps: Mapping[str, int] | None = None,
         hooks: Iterable[Hook] = (),
         listen: bool = False,
-        scan_max_age: float = 0.05,
+        scan_max_age: float = 0.2,
     ) -> None:
         for name, value in (
             ("lease_ttl", lease_ttl),

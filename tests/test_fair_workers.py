@@ -71,9 +71,12 @@ class Race:
     scans: int
 
 
-def race(queue: readyq.Queue, make_queue: Callable[..., readyq.Queue], scan_max_age: float) -> Race:
+def race(
+    queue: readyq.Queue, make_queue: Callable[..., readyq.Queue], scan_max_age: float | None
+) -> Race:
     """Enqueue ``JOBS``, then let ``WORKERS`` Workers, each on its own Queue, run them
-    all (``run(until_idle=True)``, each in its own thread)."""
+    all (``run(until_idle=True)``, each in its own thread); ``scan_max_age`` None: the
+    Worker's default."""
     with queue.graph() as g:
         handles = [
             g.add("hold", {"n": i}, group=group, weight=WEIGHTS[group])
@@ -102,7 +105,7 @@ def race(queue: readyq.Queue, make_queue: Callable[..., readyq.Queue], scan_max_
             worker_id=f"w{k}",
             limits=[Concurrency(SLOTS)],
             poll_interval=0.01,
-            scan_max_age=scan_max_age,
+            **({} if scan_max_age is None else {"scan_max_age": scan_max_age}),
         )
         for k in range(WORKERS)
     ]
@@ -167,11 +170,12 @@ def share_of_b(runs: list[Run]) -> float:
 def test_three_workers_share_slots_by_weight_across_groups(
     queue: readyq.Queue, make_queue: Callable[..., readyq.Queue]
 ) -> None:
-    """Three Workers of two slots each, reusing scans for the default 0.05 s, over groups
-    a (weight 1) and b (weight 3): while both are backlogged, b holds about 3/4 of the
-    slot-time of all six slots, not the 1/2 it would get if weights were ignored
-    (``SHARE_RANGE``: 0.62-0.88, wide for a noisy machine, yet clear of 1/2)."""
-    runs = race(queue, make_queue, scan_max_age=0.05).runs
+    """Three Workers of two slots each, reusing scans for the Worker's default
+    ``scan_max_age``, over groups a (weight 1) and b (weight 3): while both are
+    backlogged, b holds about 3/4 of the slot-time of all six slots, not the 1/2 it would
+    get if weights were ignored (``SHARE_RANGE``: 0.62-0.88, wide for a noisy machine, yet
+    clear of 1/2)."""
+    runs = race(queue, make_queue, scan_max_age=None).runs
     assert {r.worker for r in runs} == {f"w{k}" for k in range(WORKERS)}, "all Workers raced"
     share = share_of_b(runs)
     low, high = SHARE_RANGE
