@@ -44,17 +44,7 @@ def _drain(url: str, runner: str, n: int) -> None:
     q = readyq.Queue(url)
     try:
         q.counts()
-        if runner == "raw":
-            loops.drain(q, "instructions", 10, "fused")
-        else:
-            readyq.Worker(
-                q,
-                {"noop": loops._noop},
-                worker_id="instructions",
-                limits=[readyq.Concurrency(10)],
-                executor=runner,
-                scan_max_age=3600.0,
-            ).run(until_idle=True)
+        loops.drain_by(q, runner, "instructions", scan_max_age=3600.0)
         done = q.counts()["done"]
     finally:
         q.close()

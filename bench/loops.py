@@ -229,6 +229,24 @@ def _scan_option(scan_max_age: float | None) -> dict[str, float]:
     return {} if scan_max_age is None else {"scan_max_age": scan_max_age}
 
 
+def drain_by(q: readyq.Queue, runner: str, worker_id: str, **options: Any) -> None:
+    """Drain ``q``'s no-op jobs in this thread, untimed, as the tools that watch a drain
+    from outside do (serverlog, instructions): ``runner`` ``"raw"`` is :func:`drain`'s
+    batched ``finalize_and_claim`` loop, else a fair-share ``readyq.Worker`` with that
+    executor and ``Concurrency(10)``, given ``options`` (None values: its defaults)."""
+    if runner == "raw":
+        drain(q, worker_id, 10, "fused")
+        return
+    readyq.Worker(
+        q,
+        {"noop": _noop},
+        worker_id=worker_id,
+        limits=[readyq.Concurrency(10)],
+        executor=runner,
+        **{k: v for k, v in options.items() if v is not None},
+    ).run(until_idle=True)
+
+
 def worker_stages(
     url: str,
     slots: int,

@@ -81,18 +81,7 @@ def summarize(lines: Iterable[Line], jobs: int, top: int = 16) -> str:
 def _drain(url: str, runner: str, worker_id: str, scan_max_age: float | None) -> None:
     q = readyq.Queue(url)
     try:
-        if runner == "raw":
-            loops.drain(q, worker_id, 10, "fused")
-        else:
-            readyq.Worker(
-                q,
-                {"noop": loops._noop},
-                worker_id=worker_id,
-                limits=[readyq.Concurrency(10)],
-                executor=runner,
-                poll_interval=0.005,
-                **loops._scan_option(scan_max_age),
-            ).run(until_idle=True)
+        loops.drain_by(q, runner, worker_id, poll_interval=0.005, scan_max_age=scan_max_age)
     finally:
         q.close()
 
