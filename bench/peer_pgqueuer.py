@@ -13,7 +13,9 @@ not import readyq: run it from a virtualenv that has PGQueuer::
 It creates its own database ``readyq_bench_pgq_<hex>`` on that server and drops it at the
 end. jobs/s counts from the first handler start to the last, and (the second figure) to
 the moment the last process's ``QueueManager.run`` returned, its buffered completions
-committed: the window ``readyq bench`` gives a Worker, first claim to last finalize.
+committed: the window ``readyq bench`` gives a Worker, first claim to last finalize
+(slightly longer: it also holds PGQueuer's own finding that the queue is empty, which
+the Worker's window leaves out).
 Median of ``--repeat`` runs after a warm-up; ``--analyze`` runs ANALYZE after each fill,
 as ``readyq bench`` does by default.
 """
