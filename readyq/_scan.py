@@ -50,8 +50,8 @@ class RecentScan:
     """A Worker's last capped scan, kept current with the Worker's own claims and ends,
     and reused by its ticks for up to ``max_age`` seconds (0: never reused).
 
-    A scan costs a round trip and, on PostgreSQL, a plan: a quarter of a tick of ten
-    no-op jobs (docs/benchmarks.md, session 11). What a reuse cannot know is what *other*
+    A scan costs a round trip and about as much server time as a claim of ten jobs
+    (docs/benchmarks.md, sessions 11 and 18). What a reuse cannot know is what *other*
     workers did since, and jobs that became ready since (both at most ``max_age`` old):
     so it is only offered while the view still shows a ready job, a group whose claim
     came back short of its ranking shows none until the next scan (:meth:`ran_out`: no
@@ -62,7 +62,7 @@ class RecentScan:
     its runs that ended since (each ended run was counted once: in the scan, or by
     :meth:`claimed`). ``ready`` is the scan's count minus the claims since, except for a
     group whose count reached the scan's cap: it may hold any number more, so it keeps
-    its count, and a claim that finds fewer makes the Worker scan again.
+    its count until a claim finds fewer (:meth:`ran_out`).
 
     Internal; not thread-safe: the Worker calls it under its lock.
     """
