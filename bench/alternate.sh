@@ -7,7 +7,8 @@
 #
 # Each round: PGQueuer x8 (bench/peer_pgqueuer.py --procs 8 --analyze), then one
 # `readyq bench` Worker drain (x8 processes, 10 groups, Concurrency(10), inline) per
-# SCAN_MAX_AGE given (none: the Worker's default). Needs PGQueuer in $PGQ_PYTHON's
+# SCAN_MAX_AGE given (none: the Worker's default), which also prints the raw loop's x8
+# drain (batches of 10, finalize_and_claim) that its command measures first. Needs PGQueuer in $PGQ_PYTHON's
 # virtualenv (default /tmp/pgq/bin/python; see bench/peer_pgqueuer.py) and readyq in
 # $READYQ (default .venv/bin/readyq); $URL names the server, $JOBS the jobs per drain
 # (default 5000, as issue 6's peer figures).
@@ -30,6 +31,6 @@ for ((r = 1; r <= rounds; r++)); do
     echo -n "scan_max_age=$age: "
     "$READYQ" bench --url "$URL" --only drain --workers 8 --limits 10 --fair-workers 8 \
       --executors inline --jobs "$JOBS" --repeat 3 --modes process "${option[@]}" 2>/dev/null |
-      grep "^Worker process"
+      grep -E "^(Worker process|raw process x8 limit 10, finalize_and_claim)"
   done
 done

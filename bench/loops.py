@@ -225,7 +225,7 @@ def _time_window(worker: readyq.Worker, window: dict[str, float], done: list[int
 STAGES = ("collect", "reclaim_due", "scan", "rank", "persist_and_lease", "dispatch")
 
 
-def _scan_option(scan_max_age: float | None) -> dict[str, float]:
+def _scan_option(scan_max_age: float | None) -> dict[str, Any]:
     return {} if scan_max_age is None else {"scan_max_age": scan_max_age}
 
 

@@ -400,7 +400,11 @@ class Bench:
         per: Stats = {}
         with self._fresh_tables() as engine:
             with readyq.Queue(self.url) as q:
-                fill = {"state": "ready", "now": q.clock.now_us(), "groups": cfg.fair_groups}
+                fill: dict[str, Any] = {
+                    "state": "ready",
+                    "now": q.clock.now_us(),
+                    "groups": cfg.fair_groups,
+                }
             for size, _ in _filled_to(engine, cfg.backlog_sizes, **fill):
                 runs = []
                 for rep in range(cfg.repeat + 1):  # the first is a discarded warm-up
