@@ -39,13 +39,26 @@ def promote_done(k: int) -> sa.Update:
     return _promote(lambda col: col.in_(id_binds("done", k)), counted=k > 1)
 
 
-def promote_from(k: int, done: sa.Select[Any]) -> sa.Update:
-    """:func:`promote_done` for those of the ``k`` parents bound as ``id0`` .. that
-    ``done`` selects (e.g. a CTE's ids)."""
-    # The bound ids too, not the select alone: with only the select, PostgreSQL planned
-    # the edge lookup as a scan of every edge (254 ms per finalize with 100k edges).
+def promote_from(ad: Adapter, k: int, done: sa.CTE) -> sa.Update:
+    """:func:`promote_done` for those of the ``k`` parents bound as ``id0`` .. that the
+    CTE ``done`` holds (its column ``id``: e.g. a finalize's RETURNING)."""
+    # The bound ids too, not the CTE alone: with only the CTE, PostgreSQL planned the edge
+    # lookup as a scan of every edge (254 ms per finalize with 100k edges).
     ids = id_binds("id", k)
-    return _promote(lambda col: sa.and_(col.in_(ids), col.in_(done)), counted=True)
+    # The children found through Adapter.among, not IN: a plan made without the ids'
+    # values (PostgreSQL's kept generic plan) prices a parent's edges at the column's
+    # average, and beside one parent with 100k dependents it hashed every edge and job
+    # for each finalize, and JIT-compiled that plan: 220 ms (docs/benchmarks.md, session 21).
+    kids = (
+        sa.select(deps.c.job_id.label("id"))
+        .where(deps.c.depends_on.in_(ids), ad.among(deps.c.depends_on, done))
+        .cte("kids")
+    )
+    return _promote(
+        lambda col: sa.and_(col.in_(ids), col.in_(sa.select(done.c.id))),
+        counted=True,
+        children=ad.among(c.id, kids),
+    )
 
 
 @functools.lru_cache(maxsize=256)

@@ -151,7 +151,7 @@ def _finalize_update(n: int) -> Any:
 
 
 @functools.lru_cache(maxsize=128)
-def _finalize_and_promote(n: int, unless_boxed: bool = False) -> sa.Select[Any]:
+def _finalize_and_promote(ad: Adapter, n: int, unless_boxed: bool = False) -> sa.Select[Any]:
     """:func:`_finalize_update` and the promotion of the finished jobs' dependents as one
     statement (data-modifying CTEs), returning both row counts. It must run after the
     terminal lock, as a statement of its own: its snapshot then sees every dependency
@@ -162,7 +162,7 @@ def _finalize_and_promote(n: int, unless_boxed: bool = False) -> sa.Select[Any]:
     if unless_boxed:  # a container's roll-up takes more statements: see finalize_at_once
         update = update.where(none_boxed(n))
     fin = update.returning(c.id).cte("fin")
-    promo = promote_from(n, sa.select(fin.c.id)).returning(c.id).cte("promo")
+    promo = promote_from(ad, n, fin).returning(c.id).cte("promo")
     # Planned once: the jobs by primary key, their dependents by the edges' index.
     return plan_once(
         sa.select(
@@ -186,7 +186,7 @@ def _settle_sent(
         params: dict[str, Any] = {"now": now, **ids}
         for k, (lease, result) in enumerate(items):
             params[f"t{k}"], params[f"r{k}"] = lease.token, result
-        sent.append((_finalize_and_promote(len(items), unless_boxed), params))
+        sent.append((_finalize_and_promote(ad, len(items), unless_boxed), params))
     return sent
 
 

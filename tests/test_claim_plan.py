@@ -24,8 +24,8 @@ from readyq_bench.db import fill_jobs
 
 import readyq
 from readyq import _claim, _dag, _guards, _scan, _store
-from readyq.dialects import plans_once
-from readyq.schema import jobs
+from readyq.dialects import plans_once, postgresql
+from readyq.schema import deps, jobs
 
 try:
     from tests.observers import cursor_statements
@@ -85,12 +85,12 @@ def _sql_rows_read(q: readyq.Queue, sql: str, params: Any) -> int:
     return int(count(got[0] if isinstance(got, list) else got))
 
 
-def _pg_rows(node: dict[str, Any]) -> int:
+def _pg_rows(node: dict[str, Any], tables: tuple[str, ...] = (jobs.name,)) -> int:
     own = 0
-    if node.get("Relation Name") == jobs.name and "Scan" in node["Node Type"]:
+    if node.get("Relation Name") in tables and "Scan" in node["Node Type"]:
         own = node["Actual Rows"] * node["Actual Loops"]
         own += node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Index Recheck", 0)
-    return own + sum(_pg_rows(child) for child in node.get("Plans", []))
+    return own + sum(_pg_rows(child, tables) for child in node.get("Plans", []))
 
 
 def _mariadb_rows(node: Any) -> float:
@@ -179,13 +179,23 @@ def test_grouped_claim_reads_about_its_shares_beside_other_groups(
 def _generic_rows_read(q: readyq.Queue, stmt: Any, params: dict[str, Any]) -> int:
     """:func:`_rows_read` of the plan PostgreSQL makes for ``stmt`` without its values (a
     generic plan, what ``plan_cache_mode`` keeps), checked to be that plan."""
+    return _pg_rows(_generic_plan(q, stmt, params)["Plan"])
+
+
+def _generic_plan(
+    q: readyq.Queue, stmt: Any, params: dict[str, Any], first: str | None = None
+) -> dict[str, Any]:
+    """``EXPLAIN (ANALYZE, FORMAT JSON)`` of ``stmt`` run with its generic plan, under the
+    plan setting the adapter sends before such statements (after ``first``; rolled back)."""
     compiled = stmt.compile(dialect=q.engine.dialect.__class__(paramstyle="numeric_dollar"))
     values = compiled.construct_params(params)
     positional = tuple(values[name] for name in compiled.positiontup or ())
     with q.engine.connect() as conn:
         try:
             with conn.begin() as tx:
-                conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+                if first is not None:
+                    conn.exec_driver_sql(first)
+                conn.execute(*postgresql._GENERIC_PLAN)
                 # Typed as psycopg types them (an untyped CASE value would be text).
                 typed = ", ".join(_pg_type(v) for v in positional)
                 conn.exec_driver_sql(f"PREPARE readyq_generic ({typed}) AS {compiled.string}")
@@ -201,7 +211,7 @@ def _generic_rows_read(q: readyq.Queue, stmt: Any, params: dict[str, Any]) -> in
         finally:
             conn.exec_driver_sql("DEALLOCATE ALL")  # not transactional: gone either way
     assert tuple(plans) == (1, 0), "not the generic plan"
-    return _pg_rows(plan[0]["Plan"])
+    return dict(plan[0])
 
 
 def _pg_type(value: Any) -> str:
@@ -277,6 +287,49 @@ def test_finalize_planned_once_reads_about_its_rows_beside_running_jobs(
     assert all(plans_once(stmt) for stmt, _ in sent)
     read = [_generic_rows_read(queue, stmt, params) for stmt, params in sent]
     assert all(n <= BOUND for n in read), read
+
+
+#: Blocked jobs waiting on one root. Beside a few thousand edges, a scan of them all costs
+#: about what the index does (a third of a millisecond), and PostgreSQL may take it.
+MANY_DEPENDENTS = 20_000
+
+
+def _finalize_beside_a_parent_with_many_dependents(q: readyq.Queue) -> list[Any]:
+    """A finalize's statements for LIMIT claimed jobs with a dependent each, beside
+    MANY_DEPENDENTS blocked jobs that all wait on one root: the edges' statistics then say
+    every parent has as many."""
+    if _server(q) != "postgresql":
+        pytest.skip("a PostgreSQL generic plan")
+    with q.graph() as g:
+        for i in range(LIMIT):
+            g.add("t", {"i": i}, after=[g.add("t", {"i": i})])
+    fill_jobs(q.engine, MANY_DEPENDENTS, state="blocked", now=q.clock.now_us())  # ANALYZEs
+    items = [(lease, "{}") for lease in q.claim("w", limit=LIMIT)]
+    return _store._settle_sent(q.adapter, items, q.clock.now_us(), unless_boxed=True)
+
+
+def test_finalize_planned_once_finds_dependents_by_index_beside_a_parent_with_many(
+    queue: readyq.Queue,
+) -> None:
+    """Made without the finishing jobs' ids, the plan must still look up their dependents
+    in the edges' index, not hash every edge and job (220 ms a finalize beside 100,000
+    blocked jobs: docs/benchmarks.md, session 21)."""
+    _, (stmt, params) = _finalize_beside_a_parent_with_many_dependents(queue)
+    plan = _generic_plan(queue, stmt, params)
+    assert _pg_rows(plan["Plan"], (jobs.name, deps.name)) <= BOUND
+
+
+def test_statements_planned_once_run_without_jit(queue: readyq.Queue) -> None:
+    """JIT compiles on every run of a plan estimated above ``jit_above_cost`` (0 here, so
+    that any plan would be): a generic plan's estimate can be far off, and compiling
+    took most of a 220 ms finalize."""
+    if _server(queue) == "postgresql":
+        with queue.engine.connect() as conn:
+            if not conn.exec_driver_sql("SELECT pg_jit_available()").scalar_one():
+                pytest.skip("this PostgreSQL server has no JIT")
+    _, (stmt, params) = _finalize_beside_a_parent_with_many_dependents(queue)
+    plan = _generic_plan(queue, stmt, params, first="SET LOCAL jit_above_cost = 0")
+    assert "JIT" not in plan
 
 
 def test_capped_scan_planned_once_reads_about_limit_rows_per_group(queue: readyq.Queue) -> None:

@@ -224,8 +224,9 @@ class Adapter:
         return sa.select(walk.c.k).where(walk.c.k.is_not(None)).order_by(walk.c.k)
 
     def among(self, column: sa.ColumnElement[Any], ids: sa.CTE) -> sa.ColumnElement[bool]:
-        """``column`` is one of the ids ``ids`` selected (a one-statement claim's UPDATE
-        condition; the CTE's column is ``id``). Default: a join, ``UPDATE ... FROM ids``."""
+        """``column`` is one of the ids ``ids`` selected (the CTE's column is ``id``): a
+        one-statement claim's UPDATE condition, and a finalize's search for dependents.
+        Default: a join (``UPDATE ... FROM ids``)."""
         return column == ids.c.id
 
     def ranked_groups(self) -> sa.FromClause:

@@ -135,8 +135,8 @@ class PostgreSQLAdapter(Adapter):
             raw.invalidate()  # its session state (autocommit, LISTEN) must not be reused
 
     def among(self, column: sa.ColumnElement[Any], ids: sa.CTE) -> sa.ColumnElement[bool]:
-        # By primary key whatever the estimate of ``ids``: joined, a plan that does not
-        # know the LIMIT (a generic plan) expects a tenth of the table and hashes a
+        # By the column's index whatever the estimate of ``ids``: joined, a plan that does
+        # not know the LIMIT (a generic plan) expects a tenth of the table and hashes a
         # sequential scan of every job (2.7 ms instead of 0.16; docs/benchmarks.md).
         return column == sa.any_(sa.func.array(sa.select(ids.c.id).scalar_subquery()))
 
@@ -191,9 +191,14 @@ _BEGIN: tuple[sa.Executable, Mapping[str, Any]] = (
 )
 _COMMIT: tuple[sa.Executable, Mapping[str, Any]] = (sa.text("COMMIT"), {})
 #: For the rest of the transaction (``true``: SET LOCAL), plan statements without their
-#: values and keep the plan: every statement after it is marked ``plan_once``.
+#: values and keep the plan: every statement after it is marked ``plan_once``. And no JIT:
+#: it compiles on every run of a plan estimated above ``jit_above_cost``, and a generic
+#: plan's estimate can be far off (a finalize took 220 ms, most of it JIT: session 21).
 _GENERIC_PLAN: tuple[sa.Executable, Mapping[str, Any]] = (
-    sa.select(sa.func.set_config("plan_cache_mode", "force_generic_plan", sa.true())),
+    sa.select(
+        sa.func.set_config("plan_cache_mode", "force_generic_plan", sa.true()),
+        sa.func.set_config("jit", "off", sa.true()),
+    ),
     {},
 )
 
