@@ -183,7 +183,7 @@ def _generic_rows_read(q: readyq.Queue, stmt: Any, params: dict[str, Any]) -> in
 
 
 def _generic_plan(
-    q: readyq.Queue, stmt: Any, params: dict[str, Any], first: str | None = None
+    q: readyq.Queue, stmt: Any, params: dict[str, Any], first: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """``EXPLAIN (ANALYZE, FORMAT JSON)`` of ``stmt`` run with its generic plan, under the
     plan setting the adapter sends before such statements (after ``first``; rolled back)."""
@@ -193,8 +193,8 @@ def _generic_plan(
     with q.engine.connect() as conn:
         try:
             with conn.begin() as tx:
-                if first is not None:
-                    conn.exec_driver_sql(first)
+                for sql in first:
+                    conn.exec_driver_sql(sql)
                 conn.execute(*postgresql._GENERIC_PLAN)
                 # Typed as psycopg types them (an untyped CASE value would be text).
                 typed = ", ".join(_pg_type(v) for v in positional)
@@ -320,15 +320,16 @@ def test_finalize_planned_once_finds_dependents_by_index_beside_a_parent_with_ma
 
 
 def test_statements_planned_once_run_without_jit(queue: readyq.Queue) -> None:
-    """JIT compiles on every run of a plan estimated above ``jit_above_cost`` (0 here, so
-    that any plan would be): a generic plan's estimate can be far off, and compiling
-    took most of a 220 ms finalize."""
+    """JIT compiles on every run of a plan estimated above ``jit_above_cost`` (on, and 0
+    here, so that any plan would be): a generic plan's estimate can be far off, and
+    compiling took most of a 220 ms finalize."""
     if _server(queue) == "postgresql":
         with queue.engine.connect() as conn:
             if not conn.exec_driver_sql("SELECT pg_jit_available()").scalar_one():
                 pytest.skip("this PostgreSQL server has no JIT")
     _, (stmt, params) = _finalize_beside_a_parent_with_many_dependents(queue)
-    plan = _generic_plan(queue, stmt, params, first="SET LOCAL jit_above_cost = 0")
+    jit_on = ("SET LOCAL jit = on", "SET LOCAL jit_above_cost = 0")
+    plan = _generic_plan(queue, stmt, params, first=jit_on)
     assert "JIT" not in plan
 
 
