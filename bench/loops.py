@@ -261,7 +261,9 @@ def worker_stages(
     ``stop_after``: stop once that many jobs are finished (else when the queue is idle);
     ``done`` is then the jobs this worker finished. ``scans`` counts the ticks that
     scanned the ready set (the others reused a recent scan: ``Worker(scan_max_age=...)``);
-    ``claimed`` the leases its ticks took.
+    ``claimed`` the leases its ticks took. One untimed scan comes first: a fresh Queue's
+    first one compiles and plans the statement (about 5 ms on PostgreSQL against 0.5),
+    and with a scan reused for 0.2 s a short drain makes only one or two.
     """
     spent = dict.fromkeys(STAGES, 0.0)
     calls = dict.fromkeys(STAGES, 0)
@@ -279,6 +281,7 @@ def worker_stages(
             executor=executor,
             **_scan_option(scan_max_age),
         )
+        worker.scan()  # untimed, uncounted: see above
         for name in STAGES:
             real = getattr(worker, name)
 
