@@ -67,6 +67,12 @@ def drain_rate(run: Run, procs: int, jobs: int) -> Drain:
     seen = [out.get(timeout=600) for _ in workers]
     for w in workers:
         w.join()
+    return window(seen, jobs)
+
+
+def window(seen: list[dict[str, float]], jobs: int) -> Drain:
+    """The drain's rates from what each process noted (:func:`mark`, :func:`finished`),
+    from the first job any of them started; every one of the ``jobs`` must have run."""
     done = sum(int(s["n"]) for s in seen)
     if done != jobs:
         raise SystemExit(f"the peer ran {done} of {jobs} jobs")
