@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--finished", type=_ints, help="finished-row sizes (default 1000,100000,1M)")
     p.add_argument("--blocked", type=_ints, help="blocked-row sizes (default 100000)")
     p.add_argument(
+        "--deferred", type=_ints, help="deferred ready-row sizes, more urgent (default 100000)"
+    )
+    p.add_argument(
         "--backlog", type=_ints, help="ready backlogs of the Worker tick (default 1000,100000)"
     )
     p.add_argument(
@@ -107,6 +110,8 @@ def config_from(args: argparse.Namespace) -> Config:
         cfg.finished_sizes = sorted(args.finished)
     if args.blocked:
         cfg.blocked_sizes = sorted(args.blocked)
+    if args.deferred:
+        cfg.deferred_sizes = sorted(args.deferred)
     if args.backlog:
         cfg.backlog_sizes = sorted(args.backlog)
     cfg.profile = args.profile

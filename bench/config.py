@@ -45,6 +45,8 @@ class Config:
     scan_max_age: float | None = None
     finished_sizes: list[int] = field(default_factory=lambda: [1000, 100_000, 1_000_000])
     blocked_sizes: list[int] = field(default_factory=lambda: [100_000])
+    #: Ready jobs not due for an hour, one priority more urgent than the claimed ones.
+    deferred_sizes: list[int] = field(default_factory=lambda: [100_000])
     scaling_claims: int = 100
     #: Ready jobs waiting while one fair-share Worker drains ``backlog_jobs`` of them.
     backlog_sizes: list[int] = field(default_factory=lambda: [1000, 100_000])
@@ -73,6 +75,7 @@ class Config:
             latency_samples=15,
             finished_sizes=[100, 1000],
             blocked_sizes=[1000],
+            deferred_sizes=[1000],
             scaling_claims=15,
             backlog_sizes=[100, 1000],
             backlog_jobs=30,

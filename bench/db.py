@@ -36,6 +36,8 @@ _SAFE = re.compile(r"readyq_bench_[0-9a-f]{12}")
 #: Rows of the reference table; each client updates its own rows, so none wait on a lock.
 REF_ROWS = 1024
 REF_TABLE = "readyq_bench_ref"
+#: How far ahead the scaling section's deferred filler rows are due.
+DEFERRED_US = 3600 * 1_000_000
 
 
 def backend_name(url: str) -> str:
@@ -159,15 +161,16 @@ def _filler(state: str, now: int, pending: int) -> dict[str, Any]:
 def fill_jobs(
     engine: Engine, count: int, *, state: str, now: int, chunk: int = 5000, groups: int = 1
 ) -> Sequence[int]:
-    """Bulk-insert ``count`` filler jobs (``done``, ``ready``, or ``blocked`` on one open
-    root job).
+    """Bulk-insert ``count`` filler jobs (``done``, ``ready``, ``blocked`` on one open
+    root job, or ``deferred``: ready, due in an hour, at priority -1, ahead of every
+    job enqueued at the default 0 in claim order).
 
     Blocked rows wait on a root job that is itself blocked forever, with an edge each in
     ``readyq_job_deps``, like real jobs whose dependency has not finished. Ready rows are
     ``noop`` jobs spread over ``groups`` groups ``g0`` .. of weights 1 ..  Returns the
     root's id for blocked fillers (empty otherwise).
     """
-    assert state in ("done", "blocked", "ready"), state
+    assert state in ("done", "blocked", "ready", "deferred"), state
     root: list[int] = []
     with engine.begin() as conn:
         if state == "blocked":
@@ -176,6 +179,8 @@ def fill_jobs(
             root.append(int(r.inserted_primary_key[0]))
     pending = 1 if state == "blocked" else 0
     row = _filler(state, now, pending)
+    if state == "deferred":
+        row = dict(_filler("ready", now, 0), run_after_us=now + DEFERRED_US, priority=-1)
     left = count
     while left > 0:
         n = min(chunk, left)

@@ -327,11 +327,16 @@ class Bench:
     def scaling(self) -> Stats:
         cfg = self.cfg
         out: Stats = {}
-        for state, sizes in (("done", cfg.finished_sizes), ("blocked", cfg.blocked_sizes)):
+        kinds = (
+            ("done", cfg.finished_sizes),
+            ("blocked", cfg.blocked_sizes),
+            ("deferred", cfg.deferred_sizes),
+        )
+        for state, sizes in kinds:
             per: Stats = {}
             with self._fresh_tables() as engine, readyq.Queue(self.url) as q:
-                # Without filler: the baseline blocked rows are compared with.
-                if state == "blocked":
+                # Without filler: the baseline blocked and deferred rows are compared with.
+                if state != "done":
                     per["0"] = self._claim_latency(q, engine)
                 for size, fill_s in _filled_to(engine, sizes, state=state, now=q.clock.now_us()):
                     per[str(size)] = self._claim_latency(q, engine)
@@ -343,7 +348,7 @@ class Bench:
                     )
             medians = [v["claim_finalize_ms"]["median"] for v in per.values()]
             claims = [v["claim_ms"]["median"] for v in per.values()]
-            key = "finished" if state == "done" else "blocked"
+            key = "finished" if state == "done" else state
             out[key] = {
                 "sizes": per,
                 "ratio_largest_smallest": medians[-1] / medians[0],

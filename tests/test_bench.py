@@ -125,14 +125,33 @@ def test_latency_percentiles_are_ordered(quick_result: dict[str, Any]) -> None:
         assert 0 < p50 <= p95 <= p99
 
 
-def test_scaling_reports_finished_and_blocked_ratios(quick_result: dict[str, Any]) -> None:
-    """Claim latency per filler size, with the largest/smallest ratio, for both kinds."""
+def test_scaling_reports_finished_blocked_and_deferred_ratios(
+    quick_result: dict[str, Any],
+) -> None:
+    """Claim latency per filler size, with the largest/smallest ratio, for each kind."""
     scaling = quick_result["scaling"]
-    for kind in ("finished", "blocked"):
+    for kind in ("finished", "blocked", "deferred"):
         sizes = scaling[kind]["sizes"]
         assert len(sizes) >= 2
         assert all(_positive(s["claim_finalize_ms"]) for s in sizes.values())
         assert scaling[kind]["ratio_largest_smallest"] > 0
+
+
+def test_deferred_filler_is_ready_ahead_in_claim_order_and_not_due(backend: Any) -> None:
+    """What the scaling section's deferred rows must be: ready, first in claim order
+    (priority -1), and not claimed before they are due."""
+    from readyq_bench import db
+
+    import readyq
+
+    if backend.name != "sqlite":
+        pytest.skip("the bookkeeping of the bench, not of the database")
+    with readyq.Queue(backend.url) as q:
+        q.install()
+        due = q.enqueue("noop")
+        db.fill_jobs(q.engine, 50, state="deferred", now=q.clock.now_us())
+        assert q.counts()["ready"] == 51
+        assert [lease.job_id for lease in q.claim("w", limit=5)] == [due]
 
 
 def test_backlog_reports_worker_rate_and_scan_per_backlog_size(
