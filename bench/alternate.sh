@@ -8,8 +8,9 @@
 # Each round: PGQueuer x8 (bench/peer_pgqueuer.py --procs 8 --analyze), then one
 # `readyq bench` Worker drain (x8 processes, 10 groups, Concurrency(10), inline) per
 # SCAN_MAX_AGE given (none: the Worker's default), which also prints the raw loop's x8
-# drain (batches of 10, finalize_and_claim) that its command measures first. Needs PGQueuer in $PGQ_PYTHON's
-# virtualenv (default /tmp/pgq/bin/python; see bench/peer_pgqueuer.py) and readyq in
+# drain (batches of 10, finalize_and_claim) that its command measures first. Needs
+# PGQueuer in $PGQ_PYTHON's virtualenv (default /tmp/pgq/bin/python; see
+# bench/peer_pgqueuer.py) and readyq in
 # $READYQ (default .venv/bin/readyq); $URL names the server, $JOBS the jobs per drain
 # (default 5000, as issue 6's peer figures).
 set -euo pipefail

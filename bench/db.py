@@ -177,10 +177,10 @@ def fill_jobs(
             r = conn.execute(jobs.insert().values(**_filler("blocked", now, 1)))
             assert r.inserted_primary_key is not None
             root.append(int(r.inserted_primary_key[0]))
-    pending = 1 if state == "blocked" else 0
-    row = _filler(state, now, pending)
     if state == "deferred":
         row = dict(_filler("ready", now, 0), run_after_us=now + DEFERRED_US, priority=-1)
+    else:
+        row = _filler(state, now, 1 if state == "blocked" else 0)
     left = count
     while left > 0:
         n = min(chunk, left)

@@ -323,11 +323,15 @@ def test_statements_planned_once_run_without_jit(queue: readyq.Queue) -> None:
     """JIT compiles on every run of a plan estimated above ``jit_above_cost`` (on, and 0
     here, so that any plan would be): a generic plan's estimate can be far off, and
     compiling took most of a 220 ms finalize."""
-    if _server(queue) == "postgresql":
-        with queue.engine.connect() as conn:
-            if not conn.exec_driver_sql("SELECT pg_jit_available()").scalar_one():
-                pytest.skip("this PostgreSQL server has no JIT")
-    _, (stmt, params) = _finalize_beside_a_parent_with_many_dependents(queue)
+    if _server(queue) != "postgresql":
+        pytest.skip("a PostgreSQL generic plan")
+    with queue.engine.connect() as conn:
+        if not conn.exec_driver_sql("SELECT pg_jit_available()").scalar_one():
+            pytest.skip("this PostgreSQL server has no JIT")
+    _ready(queue, LIMIT)
+    items = [(lease, "{}") for lease in queue.claim("w", limit=LIMIT)]
+    sent = _store._settle_sent(queue.adapter, items, queue.clock.now_us(), unless_boxed=True)
+    _, (stmt, params) = sent
     jit_on = ("SET LOCAL jit = on", "SET LOCAL jit_above_cost = 0")
     plan = _generic_plan(queue, stmt, params, first=jit_on)
     assert "JIT" not in plan
